@@ -1,0 +1,80 @@
+// Small CUDA runtime helpers for callers that do not want to include cuda_runtime.h
+// (the CLI, the tests, the Python module). All of them work in a CPU-only build:
+// cuda_device_count() is 0 there and the rest throw flashtile::Error.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace flashtile {
+
+// Number of usable CUDA devices (0 when CUDA is not compiled in or no driver/device).
+int cuda_device_count();
+// Why there is no CUDA device ("" when there is one).
+std::string cuda_unavailable_reason();
+std::string cuda_device_name(int index);
+// Compute capability as major*10 + minor, e.g. 90 for Hopper.
+int cuda_compute_capability(int index);
+void cuda_synchronize(int index);
+
+// Owning device allocation (cudaMalloc), released in the destructor.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(std::size_t bytes, int device_index = 0);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  int device_index() const { return device_; }
+  void copy_from_host(const void* src, std::size_t bytes);
+  void copy_to_host(void* dst, std::size_t bytes) const;
+  // Fills every byte with `value` (0xFF makes fp32/fp16/bf16 NaNs: the poison for tests).
+  void fill_bytes(unsigned char value);
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  int device_ = 0;
+};
+
+// Times `fn` on the default stream of `device_index` with CUDA events:
+// `warmup` untimed calls, then the median of `repeats` timed calls, in milliseconds.
+template <class Fn>
+double cuda_median_ms(int device_index, int warmup, int repeats, Fn&& fn);
+
+namespace detail {
+struct EventPair;
+EventPair* event_pair_create(int device_index);
+void event_pair_destroy(EventPair*);
+void event_pair_record_start(EventPair*);
+float event_pair_record_stop_ms(EventPair*);  // synchronises, returns elapsed ms
+double median(std::vector<double>& values);
+}  // namespace detail
+
+}  // namespace flashtile
+
+template <class Fn>
+double flashtile::cuda_median_ms(int device_index, int warmup, int repeats, Fn&& fn) {
+  detail::EventPair* events = detail::event_pair_create(device_index);
+  std::vector<double> times;
+  try {
+    for (int i = 0; i < warmup; ++i) fn();
+    for (int i = 0; i < repeats; ++i) {
+      detail::event_pair_record_start(events);
+      fn();
+      times.push_back(detail::event_pair_record_stop_ms(events));
+    }
+  } catch (...) {
+    detail::event_pair_destroy(events);
+    throw;
+  }
+  detail::event_pair_destroy(events);
+  return detail::median(times);
+}

@@ -1,0 +1,32 @@
+// What a backend provides to the dispatcher. Each backend lives in its own translation
+// unit and exposes one `BackendEntry make_<name>_backend()`; the registry lists them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "api/params.hpp"
+
+namespace flashtile::detail {
+
+struct BackendEntry {
+  Backend id;
+  DeviceType device;
+  // Higher wins in `automatic` selection among the backends that support a call.
+  int priority;
+  // "" when compiled in with its hardware present, else why not.
+  std::string (*unavailable_reason)();
+  // "" when the backend can run these (already validated) parameters, else why not.
+  std::string (*unsupported_reason)(const AttentionParams&);
+  // Scratch memory the backend allocates beyond q, k, v, out and lse for this call; the
+  // backend sizes its allocation with this same function, so the report is what it uses.
+  int64_t (*workspace_bytes)(const AttentionParams&);
+  void (*run)(const AttentionParams&);
+};
+
+inline int64_t no_workspace(const AttentionParams&) { return 0; }
+
+// Every backend compiled into this build, in journey order.
+const std::vector<BackendEntry>& backend_registry();
+
+}  // namespace flashtile::detail

@@ -1,0 +1,86 @@
+// The online softmax (Milakov & Gimelshein 2018; FlashAttention): a running max m and a
+// running denominator l, with the partial output rescaled whenever m grows. Every kernel,
+// CPU and GPU, folds its blocks of scores through these functions.
+//
+// For scores s_1..s_n seen so far, the invariant after each step is
+//   m = max_j s_j,   l = Σ_j exp(s_j - m),   acc = Σ_j exp(s_j - m) · v_j,
+// so the final output is acc / l and the log-sum-exp is m + log(l).
+// Masked scores are -inf; a row whose every score is masked keeps m = -inf, l = 0 and
+// finalises to an output of 0 and LSE = -inf (never NaN).
+#pragma once
+
+#include <cmath>
+#include <limits>
+
+#include "common/host_device.hpp"
+
+namespace flashtile::detail {
+
+template <class T>
+struct SoftmaxState {
+  T m = -std::numeric_limits<T>::infinity();  // running max
+  T l = T(0);                                 // running denominator, relative to m
+};
+
+// exp(x) for the scalar types the kernels use.
+FT_HOST_DEVICE float softmax_exp(float x) {
+#if defined(__CUDA_ARCH__)
+  return expf(x);  // full precision: the fp32 kernels are held to 1e-5
+#else
+  return std::exp(x);
+#endif
+}
+FT_HOST_DEVICE double softmax_exp(double x) { return std::exp(x); }
+FT_HOST_DEVICE float softmax_log(float x) { return std::log(x); }
+FT_HOST_DEVICE double softmax_log(double x) { return std::log(x); }
+
+// The value to subtract from scores before exponentiating: m, or 0 while m is -inf (so a
+// fully masked block gives exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN).
+template <class T>
+FT_HOST_DEVICE T safe_shift(T m) {
+  return m == -std::numeric_limits<T>::infinity() ? T(0) : m;
+}
+
+// Moves the state to a new block whose largest score is `block_max`. Returns the factor
+// alpha = exp(m_old - m_new) by which the caller scales its accumulator; l is rescaled
+// here. The probabilities the caller then adds are exp(s - safe_shift(state.m)).
+template <class T>
+FT_HOST_DEVICE T online_softmax_rescale(SoftmaxState<T>& state, T block_max) {
+  const T m_new = state.m > block_max ? state.m : block_max;
+  if (m_new == -std::numeric_limits<T>::infinity()) return T(1);  // nothing seen yet
+  const T alpha = softmax_exp(state.m - m_new);  // exp(-inf) = 0 on the first block
+  state.l *= alpha;
+  state.m = m_new;
+  return alpha;
+}
+
+// One whole block at once: scores[0..n) become probabilities in place (relative to the
+// new running max), l accumulates their sum, and the returned alpha rescales acc.
+template <class T>
+FT_HOST_DEVICE T online_softmax_block(SoftmaxState<T>& state, T* scores, int n) {
+  T block_max = -std::numeric_limits<T>::infinity();
+  for (int j = 0; j < n; ++j) block_max = scores[j] > block_max ? scores[j] : block_max;
+  const T alpha = online_softmax_rescale(state, block_max);
+  const T shift = safe_shift(state.m);
+  T sum = T(0);
+  for (int j = 0; j < n; ++j) {
+    scores[j] = softmax_exp(scores[j] - shift);
+    sum += scores[j];
+  }
+  state.l += sum;
+  return alpha;
+}
+
+// Factor that turns the accumulator into the output: 1/l, or 0 for a fully masked row.
+template <class T>
+FT_HOST_DEVICE T output_scale(const SoftmaxState<T>& state) {
+  return state.l > T(0) ? T(1) / state.l : T(0);
+}
+
+// Natural-log log-sum-exp of all scores seen: m + log(l), or -inf for a fully masked row.
+template <class T>
+FT_HOST_DEVICE T log_sum_exp(const SoftmaxState<T>& state) {
+  return state.l > T(0) ? state.m + softmax_log(state.l) : -std::numeric_limits<T>::infinity();
+}
+
+}  // namespace flashtile::detail

@@ -1,0 +1,201 @@
+// The oracle: standard attention in double precision (and FlashAttention's low-precision
+// baseline), plus the `cpu_reference` backend that writes it out in the input dtype.
+#include "flashtile/reference.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "api/backend.hpp"
+#include "common/numeric.hpp"
+#include "common/online_softmax.hpp"
+
+namespace flashtile {
+namespace {
+
+using detail::AttentionParams;
+
+int64_t offset(int64_t b, int64_t s, int64_t h, int64_t batch_stride, int64_t row_stride,
+               int64_t head_stride) {
+  return b * batch_stride + s * row_stride + h * head_stride;
+}
+
+// Standard attention for one (batch, head, query row): three passes over the keys.
+// Acc is double for the oracle and float for the low-precision baseline, where `round`
+// rounds S and P to the input dtype.
+template <class Acc, class Round>
+void reference_row(const AttentionParams& p, int64_t b, int64_t h, int64_t i, Round round,
+                   std::vector<Acc>& scores, Acc* out_row, Acc* lse) {
+  const int64_t hk = h / p.heads_per_kv();
+  const int64_t q_off = offset(b, i, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  const int64_t last_key = p.causal ? std::min(p.seqlen_k - 1, i + p.causal_offset())
+                                    : p.seqlen_k - 1;
+  const int64_t d = p.head_dim;
+  for (int64_t c = 0; c < d; ++c) out_row[c] = 0;
+  if (last_key < 0) {  // fully masked row
+    *lse = -std::numeric_limits<Acc>::infinity();
+    return;
+  }
+  Acc max_score = -std::numeric_limits<Acc>::infinity();
+  for (int64_t j = 0; j <= last_key; ++j) {
+    const int64_t k_off = offset(b, j, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+    Acc dot = 0;
+    for (int64_t c = 0; c < d; ++c)
+      dot += Acc(detail::load_as_float(p.q, p.dtype, q_off + c)) *
+             Acc(detail::load_as_float(p.k, p.dtype, k_off + c));
+    scores[j] = round(dot * Acc(p.scale));
+    max_score = std::max(max_score, scores[j]);
+  }
+  Acc sum = 0;
+  for (int64_t j = 0; j <= last_key; ++j) {
+    scores[j] = std::exp(scores[j] - max_score);
+    sum += scores[j];
+  }
+  for (int64_t j = 0; j <= last_key; ++j) {
+    const Acc prob = round(scores[j] / sum);
+    const int64_t v_off = offset(b, j, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+    for (int64_t c = 0; c < d; ++c)
+      out_row[c] += prob * Acc(detail::load_as_float(p.v, p.dtype, v_off + c));
+  }
+  for (int64_t c = 0; c < d; ++c) out_row[c] = round(out_row[c]);
+  *lse = max_score + std::log(sum);
+}
+
+template <class Acc, class Round>
+void reference_all(const AttentionParams& p, Round round, Acc* out, Acc* lse) {
+  const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
+#pragma omp parallel
+  {
+    std::vector<Acc> scores(p.seqlen_k);
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = r % p.seqlen_q;
+      const int64_t h = (r / p.seqlen_q) % p.heads_q;
+      const int64_t b = r / (p.seqlen_q * p.heads_q);
+      Acc* out_row = out + ((b * p.seqlen_q + i) * p.heads_q + h) * p.head_dim;
+      reference_row(p, b, h, i, round, scores, out_row, lse + r);
+    }
+  }
+}
+
+ReferenceResult run_reference(const AttentionParams& p, ReferencePrecision precision) {
+  const int64_t out_size = p.batch * p.seqlen_q * p.heads_q * p.head_dim;
+  const int64_t lse_size = p.batch * p.heads_q * p.seqlen_q;
+  ReferenceResult result{std::vector<double>(out_size), std::vector<double>(lse_size)};
+  if (precision == ReferencePrecision::exact) {
+    reference_all<double>(p, [](double x) { return x; }, result.out.data(), result.lse.data());
+  } else {
+    std::vector<float> out(out_size), lse(lse_size);
+    const DType dtype = p.dtype;
+    reference_all<float>(p, [dtype](float x) { return detail::round_to(dtype, x); }, out.data(),
+                         lse.data());
+    result.out.assign(out.begin(), out.end());
+    result.lse.assign(lse.begin(), lse.end());
+  }
+  return result;
+}
+
+void run_reference_backend(const AttentionParams& p) {
+  const ReferenceResult r = run_reference(p, ReferencePrecision::exact);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t i = 0; i < p.seqlen_q; ++i)
+      for (int64_t h = 0; h < p.heads_q; ++h) {
+        const int64_t src = ((b * p.seqlen_q + i) * p.heads_q + h) * p.head_dim;
+        const int64_t dst = offset(b, i, h, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+        for (int64_t c = 0; c < p.head_dim; ++c)
+          detail::store_from_float(p.o, p.dtype, dst + c, static_cast<float>(r.out[src + c]));
+      }
+  if (p.lse != nullptr)
+    for (size_t i = 0; i < r.lse.size(); ++i) p.lse[i] = static_cast<float>(r.lse[i]);
+}
+
+std::string always_available() { return ""; }
+// The double-precision output and LSE it builds before rounding them out.
+int64_t reference_workspace_bytes(const AttentionParams& p) {
+  return (p.batch * p.seqlen_q * p.heads_q * (p.head_dim + 1)) * int64_t(sizeof(double));
+}
+std::string supports_everything(const AttentionParams&) { return ""; }
+
+}  // namespace
+
+ReferenceResult reference_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const Options& options, ReferencePrecision precision) {
+  for (const TensorView* t : {&q, &k, &v})
+    if (t->device.type != DeviceType::cpu)
+      throw Error(ErrorKind::invalid_argument, "reference_attention: inputs must be on the cpu");
+  return run_reference(detail::validate(q, k, v, nullptr, options), precision);
+}
+
+ErrorStats compare_to_reference(const TensorView& out, const std::vector<double>& ref) {
+  ErrorStats stats;
+  int64_t n = 0;
+  for (int64_t b = 0; b < out.batch(); ++b)
+    for (int64_t s = 0; s < out.seqlen(); ++s)
+      for (int64_t h = 0; h < out.heads(); ++h)
+        for (int64_t c = 0; c < out.head_dim(); ++c, ++n) {
+          const int64_t i = b * out.strides[0] + s * out.strides[1] + h * out.strides[2] + c;
+          const double x = detail::load_as_float(out.data, out.dtype, i);
+          const double diff = std::isfinite(x) ? std::fabs(x - ref[n])
+                                               : std::numeric_limits<double>::infinity();
+          stats.max_abs = std::max(stats.max_abs, diff);
+          stats.max_ref = std::max(stats.max_ref, std::fabs(ref[n]));
+        }
+  return stats;
+}
+
+ErrorStats compare_lse(const float* lse, const std::vector<double>& ref) {
+  ErrorStats stats;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double x = lse[i];
+    double diff;
+    if (std::isinf(ref[i]))
+      diff = (x == ref[i]) ? 0.0 : std::numeric_limits<double>::infinity();
+    else
+      diff = std::isfinite(x) ? std::fabs(x - ref[i]) : std::numeric_limits<double>::infinity();
+    stats.max_abs = std::max(stats.max_abs, diff);
+    if (std::isfinite(ref[i])) stats.max_ref = std::max(stats.max_ref, std::fabs(ref[i]));
+  }
+  return stats;
+}
+
+Verification verify_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& out, const float* lse, const Options& options) {
+  if (out.device.type != DeviceType::cpu)
+    throw Error(ErrorKind::invalid_argument, "verify_forward: out must be on the cpu");
+  const ReferenceResult exact = reference_attention(q, k, v, options, ReferencePrecision::exact);
+  Verification result;
+  const ErrorStats out_stats = compare_to_reference(out, exact.out);
+  result.out_error = out_stats.max_abs;
+  ErrorStats lse_stats;
+  if (lse != nullptr) {
+    lse_stats = compare_lse(lse, exact.lse);
+    result.lse_error = lse_stats.max_abs;
+  }
+  if (q.dtype == DType::f32) {
+    constexpr double kRelTol = 1e-5;
+    result.out_bound = kRelTol * out_stats.max_ref;
+    result.lse_bound = lse != nullptr ? kRelTol * std::max(1.0, lse_stats.max_ref) : 0.0;
+  } else {
+    const ReferenceResult low = reference_attention(q, k, v, options, ReferencePrecision::lowprec);
+    double low_out_err = 0;
+    for (size_t i = 0; i < low.out.size(); ++i)
+      low_out_err = std::max(low_out_err, std::fabs(low.out[i] - exact.out[i]));
+    result.out_bound = 2 * low_out_err + 1e-5;
+    if (lse != nullptr) {
+      double low_lse_err = 0;
+      for (size_t i = 0; i < low.lse.size(); ++i)
+        if (std::isfinite(exact.lse[i]))
+          low_lse_err = std::max(low_lse_err, std::fabs(low.lse[i] - exact.lse[i]));
+      result.lse_bound = 2 * low_lse_err + 1e-5;
+    }
+  }
+  return result;
+}
+
+namespace detail {
+BackendEntry make_cpu_reference_backend() {
+  return {Backend::cpu_reference, DeviceType::cpu, /*priority=*/0, always_available,
+          supports_everything, reference_workspace_bytes, run_reference_backend};
+}
+}  // namespace detail
+
+}  // namespace flashtile

@@ -1,0 +1,87 @@
+// Journey step 1 — cuda_naive: the write-up's first GPU kernel.
+//
+// What it does: one thread per query row. The thread keeps q (pre-scaled) and the output
+// accumulator in registers and streams every key and value row straight from global
+// memory, folding one score at a time through the online softmax. No N×N buffer exists.
+// What it costs: every thread re-reads all of K and V (through L1/L2), and each key costs
+// two exponentials (rescale + probability).
+// Measured (H200, B=1 H=1 N=1024 d=64 fp32, `flashtile bench`): see docs/JOURNEY.md, step 1.
+#include <algorithm>
+
+#include "common/online_softmax.hpp"
+#include "cuda/common.cuh"
+
+namespace flashtile::detail {
+namespace {
+
+constexpr int kNaiveThreads = 128;
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(kNaiveThreads) naive_forward_kernel(const AttentionParams p) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // query row
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  if (i >= p.seqlen_q) return;
+  const int64_t hk = h / p.heads_per_kv();
+
+  const float* q_row = bshd_ptr(static_cast<const float*>(p.q), b, i, h, p.q_batch_stride,
+                                p.q_row_stride, p.q_head_stride);
+  const float* k_head = bshd_ptr(static_cast<const float*>(p.k), b, 0, hk, p.k_batch_stride,
+                                 p.k_row_stride, p.k_head_stride);
+  const float* v_head = bshd_ptr(static_cast<const float*>(p.v), b, 0, hk, p.v_batch_stride,
+                                 p.v_row_stride, p.v_head_stride);
+
+  float q[kHeadDim], acc[kHeadDim];  // (kHeadDim) each, in registers
+#pragma unroll
+  for (int c = 0; c < kHeadDim; ++c) {
+    q[c] = q_row[c] * p.scale;
+    acc[c] = 0.0f;
+  }
+  // Keys this row may see: all, or j <= i + seqlen_k - seqlen_q when causal (may be none).
+  const int64_t n_keys = p.causal ? std::min<int64_t>(p.seqlen_k, i + p.causal_offset() + 1)
+                                  : p.seqlen_k;
+  SoftmaxState<float> state;
+  for (int64_t j = 0; j < n_keys; ++j) {
+    const float* k_row = k_head + j * p.k_row_stride;
+    float score = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kHeadDim; ++c) score += q[c] * k_row[c];
+    const float alpha = online_softmax_block(state, &score, 1);  // score -> probability
+    const float* v_row = v_head + j * p.v_row_stride;
+#pragma unroll
+    for (int c = 0; c < kHeadDim; ++c) acc[c] = acc[c] * alpha + score * v_row[c];
+  }
+
+  const float inv_l = output_scale(state);
+  float* o_row = bshd_ptr(static_cast<float*>(p.o), b, i, h, p.o_batch_stride, p.o_row_stride,
+                          p.o_head_stride);
+#pragma unroll
+  for (int c = 0; c < kHeadDim; ++c) o_row[c] = acc[c] * inv_l;
+  if (p.lse != nullptr) p.lse[(b * p.heads_q + h) * p.seqlen_q + i] = log_sum_exp(state);
+}
+
+std::string naive_unsupported(const AttentionParams& p) {
+  if (p.dtype != DType::f32) return "cuda_naive supports float32 only";
+  if (std::string why = head_dim_unsupported<32, 64, 128>(p, "cuda_naive"); !why.empty())
+    return why;
+  return grid_unsupported(p);
+}
+
+void run_naive(const AttentionParams& p) {
+  check_cuda(cudaSetDevice(p.device_index), "cudaSetDevice");
+  const dim3 grid(static_cast<unsigned>((p.seqlen_q + kNaiveThreads - 1) / kNaiveThreads),
+                  static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+  auto stream = static_cast<cudaStream_t>(p.stream);
+  dispatch_head_dim<32, 64, 128>(p.head_dim, [&](auto head_dim) {
+    naive_forward_kernel<head_dim()><<<grid, kNaiveThreads, 0, stream>>>(p);
+  });
+  check_launch("naive_forward_kernel");
+}
+
+}  // namespace
+
+BackendEntry make_cuda_naive_backend() {
+  return {Backend::cuda_naive, DeviceType::cuda, /*priority=*/10, cuda_backend_unavailable,
+          naive_unsupported, no_workspace, run_naive};
+}
+
+}  // namespace flashtile::detail

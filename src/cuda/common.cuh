@@ -1,0 +1,55 @@
+// Host and device helpers shared by every CUDA kernel generation.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "api/backend.hpp"
+#include "flashtile/device.hpp"
+
+namespace flashtile::detail {
+
+inline void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess)
+    throw Error(ErrorKind::runtime, std::string(what) + ": " + cudaGetErrorString(status));
+}
+
+// Call after every launch: reports bad launch configurations at once.
+inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
+
+inline std::string cuda_backend_unavailable() { return cuda_unavailable_reason(); }
+
+// Grid: x = query blocks, y = heads, z = batch. y and z are limited to 65535 by CUDA.
+inline std::string grid_unsupported(const AttentionParams& p) {
+  if (p.heads_q > 65535) return "heads_q must be <= 65535, got " + std::to_string(p.heads_q);
+  if (p.batch > 65535) return "batch must be <= 65535, got " + std::to_string(p.batch);
+  return "";
+}
+
+// Runs fn(std::integral_constant<int, D>{}) for the compiled head dim D == head_dim.
+// Returns false when head_dim is not one of kHeadDims.
+template <int... kHeadDims, class Fn>
+bool dispatch_head_dim(int64_t head_dim, Fn&& fn) {
+  return ((head_dim == kHeadDims ? (fn(std::integral_constant<int, kHeadDims>{}), true) : false) ||
+          ...);
+}
+
+template <int... kHeadDims>
+std::string head_dim_unsupported(const AttentionParams& p, const char* backend) {
+  if (((p.head_dim == kHeadDims) || ...)) return "";
+  std::string list;
+  ((list += (list.empty() ? "" : ", ") + std::to_string(kHeadDims)), ...);
+  return std::string(backend) + " supports head_dim " + list + "; got " +
+         std::to_string(p.head_dim);
+}
+
+// Pointer to the first element of (batch b, row s, head h) in a strided BSHD tensor.
+template <class T>
+__host__ __device__ __forceinline__ T* bshd_ptr(T* base, int64_t b, int64_t s, int64_t h,
+                                                int64_t batch_stride, int64_t row_stride,
+                                                int64_t head_stride) {
+  return base + b * batch_stride + s * row_stride + h * head_stride;
+}
+
+}  // namespace flashtile::detail

@@ -1,0 +1,163 @@
+// flashtile/device.hpp: thin CUDA runtime helpers, compiled as plain C++ against cudart.
+// In a CPU-only build they report no device and throw on use.
+#include "flashtile/device.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "flashtile/flashtile.hpp"
+
+#if FLASHTILE_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace flashtile {
+
+#if FLASHTILE_WITH_CUDA
+namespace {
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess)
+    throw Error(ErrorKind::runtime, std::string(what) + ": " + cudaGetErrorString(status));
+}
+}  // namespace
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return count;
+}
+
+std::string cuda_unavailable_reason() {
+  int count = 0;
+  cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no CUDA device: ") + cudaGetErrorString(status);
+  }
+  return count > 0 ? "" : "no CUDA device found";
+}
+
+std::string cuda_device_name(int index) {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, index), "cudaGetDeviceProperties");
+  return prop.name;
+}
+
+int cuda_compute_capability(int index) {
+  int major = 0, minor = 0;
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index), "cc major");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index), "cc minor");
+  return major * 10 + minor;
+}
+
+void cuda_synchronize(int index) {
+  check(cudaSetDevice(index), "cudaSetDevice");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes, int device_index) : bytes_(bytes), device_(device_index) {
+  check(cudaSetDevice(device_index), "cudaSetDevice");
+  check(cudaMalloc(&data_, std::max<std::size_t>(bytes, 1)), "cudaMalloc");
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_ != nullptr) cudaFree(data_);
+}
+
+void DeviceBuffer::copy_from_host(const void* src, std::size_t bytes) {
+  check(cudaMemcpy(data_, src, std::min(bytes, bytes_), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+}
+
+void DeviceBuffer::copy_to_host(void* dst, std::size_t bytes) const {
+  check(cudaMemcpy(dst, data_, std::min(bytes, bytes_), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+}
+
+void DeviceBuffer::fill_bytes(unsigned char value) {
+  check(cudaMemset(data_, value, bytes_), "cudaMemset");
+}
+
+namespace detail {
+struct EventPair {
+  cudaEvent_t start, stop;
+};
+EventPair* event_pair_create(int device_index) {
+  check(cudaSetDevice(device_index), "cudaSetDevice");
+  auto* events = new EventPair;
+  check(cudaEventCreate(&events->start), "cudaEventCreate");
+  check(cudaEventCreate(&events->stop), "cudaEventCreate");
+  return events;
+}
+void event_pair_destroy(EventPair* events) {
+  cudaEventDestroy(events->start);
+  cudaEventDestroy(events->stop);
+  delete events;
+}
+void event_pair_record_start(EventPair* events) {
+  check(cudaEventRecord(events->start), "cudaEventRecord");
+}
+float event_pair_record_stop_ms(EventPair* events) {
+  check(cudaEventRecord(events->stop), "cudaEventRecord");
+  check(cudaEventSynchronize(events->stop), "cudaEventSynchronize");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, events->start, events->stop), "cudaEventElapsedTime");
+  return ms;
+}
+}  // namespace detail
+
+#else  // CPU-only build
+
+namespace {
+[[noreturn]] void no_cuda() {
+  throw Error(ErrorKind::unsupported, "flashtile was built without CUDA");
+}
+}  // namespace
+
+int cuda_device_count() { return 0; }
+std::string cuda_unavailable_reason() { return "flashtile was built without CUDA"; }
+std::string cuda_device_name(int) { no_cuda(); }
+int cuda_compute_capability(int) { no_cuda(); }
+void cuda_synchronize(int) { no_cuda(); }
+DeviceBuffer::DeviceBuffer(std::size_t, int) { no_cuda(); }
+DeviceBuffer::~DeviceBuffer() = default;
+void DeviceBuffer::copy_from_host(const void*, std::size_t) { no_cuda(); }
+void DeviceBuffer::copy_to_host(void*, std::size_t) const { no_cuda(); }
+void DeviceBuffer::fill_bytes(unsigned char) { no_cuda(); }
+namespace detail {
+struct EventPair {};
+EventPair* event_pair_create(int) { no_cuda(); }
+void event_pair_destroy(EventPair*) {}
+void event_pair_record_start(EventPair*) { no_cuda(); }
+float event_pair_record_stop_ms(EventPair*) { no_cuda(); }
+}  // namespace detail
+
+#endif
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : data_(other.data_), bytes_(other.bytes_), device_(other.device_) {
+  other.data_ = nullptr;
+  other.bytes_ = 0;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    DeviceBuffer old(std::move(*this));
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    device_ = other.device_;
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+double detail::median(std::vector<double>& values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+}  // namespace flashtile

@@ -1,0 +1,142 @@
+// Every CUDA backend against the double-precision oracle. Each test skips when no CUDA
+// device is present (CI); on the H200 they run, also under compute-sanitizer.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "support/backend_grid.hpp"
+#include "support/device_case.hpp"
+
+namespace flashtile {
+namespace {
+
+using testing::AttentionCase;
+using testing::DeviceCase;
+using testing::Shape;
+
+// The CUDA backends of this build that serve `dtype` (asked through the selector, so a new
+// backend is tested as soon as it is registered).
+std::vector<Backend> cuda_backends_for(DType dtype) {
+  std::vector<Backend> out;
+  for (Backend b : all_backends()) {
+    if (backend_device(b) != DeviceType::cuda || !backend_available(b)) continue;
+    Shape s;
+    s.dtype = dtype;
+    AttentionCase c(s);
+    DeviceCase d(c);
+    Options o;
+    o.backend = b;
+    try {
+      plan(d.q.view, d.k.view, d.v.view, d.out.view, o);
+      out.push_back(b);
+    } catch (const Error&) {
+    }
+  }
+  return out;
+}
+
+void expect_matches_oracle(Backend backend, const Shape& shape) {
+  AttentionCase c(shape);
+  DeviceCase d(c);
+  d.run(c, backend);
+  Options ref;
+  ref.causal = shape.causal;
+  const Verification check =
+      verify_forward(c.q.view, c.k.view, c.v.view, c.out.view, c.lse.data(), ref);
+  EXPECT_TRUE(check.pass()) << backend_name(backend) << " " << shape.describe() << ": out err "
+                            << check.out_error << " (bound " << check.out_bound << "), lse err "
+                            << check.lse_error << " (bound " << check.lse_bound << ")";
+}
+
+TEST(CudaF32, MatchesOracleOnGrid) {
+  FLASHTILE_SKIP_WITHOUT_CUDA();
+  const auto backends = cuda_backends_for(DType::f32);
+  ASSERT_FALSE(backends.empty());
+  for (Backend b : backends)
+    for (const Shape& s : testing::backend_grid({32, 64, 128}, DType::f32, /*large=*/true))
+      expect_matches_oracle(b, s);
+}
+
+TEST(CudaF32, UnsupportedHeadDimIsRefusedClearly) {
+  FLASHTILE_SKIP_WITHOUT_CUDA();
+  for (Backend b : {Backend::cuda_naive, Backend::cuda_tiled}) {
+    Shape s;
+    s.head_dim = 40;
+    AttentionCase c(s);
+    DeviceCase d(c);
+    Options o;
+    o.backend = b;
+    try {
+      forward(d.q.view, d.k.view, d.v.view, d.out.view, o);
+      FAIL() << backend_name(b) << " accepted head_dim 40";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("head_dim 32, 64, 128; got 40"), std::string::npos)
+          << e.what();
+      EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+    }
+  }
+}
+
+TEST(CudaF32, DeterministicOver100Runs) {
+  FLASHTILE_SKIP_WITHOUT_CUDA();
+  Shape s;
+  s.batch = 2;
+  s.seqlen_q = 257;
+  s.seqlen_k = 300;
+  s.heads_q = 4;
+  s.heads_kv = 2;
+  s.causal = true;
+  for (Backend b : cuda_backends_for(DType::f32)) {
+    AttentionCase c(s);
+    DeviceCase d(c);
+    d.run(c, b);
+    const std::vector<unsigned char> first = c.out.bytes;
+    for (int run = 1; run < 100; ++run) {
+      d.poison();
+      d.run(c, b);
+      ASSERT_EQ(c.out.bytes, first) << backend_name(b) << " run " << run;
+    }
+  }
+}
+
+TEST(CudaF32, CpuTensorsAreRefusedByCudaBackend) {
+  FLASHTILE_SKIP_WITHOUT_CUDA();
+  AttentionCase c(Shape{});
+  Options o = c.options(Backend::cuda_tiled);
+  const auto before = c.out.bytes;
+  EXPECT_THROW(forward(c.q.view, c.k.view, c.v.view, c.out.view, o), Error);
+  EXPECT_EQ(c.out.bytes, before);
+}
+
+// N = 131072 on one head: S would need 64 GiB; the flash kernels need none. Rows are
+// independent (non-causal), so a few sampled rows are checked against the oracle.
+TEST(CudaF32, LongSequenceWithoutScoreMatrix) {
+  FLASHTILE_SKIP_WITHOUT_CUDA();
+  Shape s;
+  s.seqlen_q = s.seqlen_k = 131072;
+  s.head_dim = 64;
+  AttentionCase c(s);
+  DeviceCase d(c);
+  for (Backend b : {Backend::cuda_naive, Backend::cuda_tiled}) {
+    Options o = c.options(b);
+    EXPECT_EQ(plan(d.q.view, d.k.view, d.v.view, d.out.view, o).workspace_bytes, 0);
+    d.poison();
+    d.run(c, b);
+    for (int64_t row : {int64_t(0), int64_t(77777), int64_t(131071)}) {
+      TensorView q_rows = c.q.view;
+      q_rows.data = static_cast<float*>(c.q.view.data) + row * c.q.view.strides[1];
+      q_rows.shape[1] = 1;
+      TensorView out_rows = c.out.view;
+      out_rows.data = static_cast<float*>(c.out.view.data) + row * c.out.view.strides[1];
+      out_rows.shape[1] = 1;
+      const Verification check =
+          verify_forward(q_rows, c.k.view, c.v.view, out_rows, c.lse.data() + row, Options{});
+      EXPECT_TRUE(check.pass()) << backend_name(b) << " row " << row << ": " << check.out_error
+                                << " > " << check.out_bound;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flashtile

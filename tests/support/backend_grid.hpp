@@ -1,0 +1,42 @@
+// The shape grid every backend is checked on: odd lengths (1, 17, 113, 127, 129, 1023,
+// 1025), seqlen_q != seqlen_k both ways, causal or not, MHA/GQA/MQA, strided views.
+#pragma once
+
+#include <vector>
+
+#include "support/attention_case.hpp"
+
+namespace flashtile::testing {
+
+inline std::vector<Shape> backend_grid(const std::vector<int64_t>& head_dims, DType dtype,
+                                       bool large) {
+  struct Lengths {
+    int64_t q, k;
+  };
+  std::vector<Lengths> lengths = {{1, 1},   {17, 17}, {113, 127}, {129, 113},
+                                  {1, 129}, {127, 1}, {128, 129}};
+  if (large) lengths.insert(lengths.end(), {{1023, 1025}, {1025, 1023}});
+  std::vector<Shape> grid;
+  int variant = 0;
+  for (int64_t d : head_dims)
+    for (const auto& len : lengths)
+      for (bool causal : {false, true}) {
+        Shape s;
+        s.seqlen_q = len.q;
+        s.seqlen_k = len.k;
+        s.head_dim = d;
+        s.causal = causal;
+        s.dtype = dtype;
+        // Rotate through batch/heads layouts and strides so each combination meets them.
+        switch (variant++ % 4) {
+          case 0: s.batch = 1, s.heads_q = 1, s.heads_kv = 1; break;
+          case 1: s.batch = 2, s.heads_q = 4, s.heads_kv = 2, s.strided = true; break;  // GQA
+          case 2: s.batch = 3, s.heads_q = 3, s.heads_kv = 1; break;                    // MQA
+          case 3: s.batch = 1, s.heads_q = 2, s.heads_kv = 2, s.strided = true; break;  // MHA
+        }
+        grid.push_back(s);
+      }
+  return grid;
+}
+
+}  // namespace flashtile::testing
