@@ -47,8 +47,13 @@ struct Verification {
   bool pass() const { return out_error <= out_bound && lse_error <= lse_bound; }
 };
 
-// Checks `out` (and `lse` when non-null) computed from q, k, v with `options`; every view
-// must be on the CPU (copy GPU results back first).
+// Applies the rule to `out` (and `lse` when non-null) given the oracle and, for 16-bit
+// dtypes, the low-precision baseline (required then; ignored for float32).
+Verification verify_against(const ReferenceResult& exact, const ReferenceResult* lowprec,
+                            const TensorView& out, const float* lse);
+
+// Computes the references and applies the rule to `out` (and `lse` when non-null) computed
+// from q, k, v with `options`; every view must be on the CPU (copy GPU results back first).
 Verification verify_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out, const float* lse, const Options& options);
 

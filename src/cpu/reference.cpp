@@ -157,11 +157,10 @@ ErrorStats compare_lse(const float* lse, const std::vector<double>& ref) {
   return stats;
 }
 
-Verification verify_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                            const TensorView& out, const float* lse, const Options& options) {
+Verification verify_against(const ReferenceResult& exact, const ReferenceResult* lowprec,
+                            const TensorView& out, const float* lse) {
   if (out.device.type != DeviceType::cpu)
-    throw Error(ErrorKind::invalid_argument, "verify_forward: out must be on the cpu");
-  const ReferenceResult exact = reference_attention(q, k, v, options, ReferencePrecision::exact);
+    throw Error(ErrorKind::invalid_argument, "verify: out must be on the cpu");
   Verification result;
   const ErrorStats out_stats = compare_to_reference(out, exact.out);
   result.out_error = out_stats.max_abs;
@@ -170,25 +169,34 @@ Verification verify_forward(const TensorView& q, const TensorView& k, const Tens
     lse_stats = compare_lse(lse, exact.lse);
     result.lse_error = lse_stats.max_abs;
   }
-  if (q.dtype == DType::f32) {
+  if (out.dtype == DType::f32) {
     constexpr double kRelTol = 1e-5;
     result.out_bound = kRelTol * out_stats.max_ref;
     result.lse_bound = lse != nullptr ? kRelTol * std::max(1.0, lse_stats.max_ref) : 0.0;
-  } else {
-    const ReferenceResult low = reference_attention(q, k, v, options, ReferencePrecision::lowprec);
-    double low_out_err = 0;
-    for (size_t i = 0; i < low.out.size(); ++i)
-      low_out_err = std::max(low_out_err, std::fabs(low.out[i] - exact.out[i]));
-    result.out_bound = 2 * low_out_err + 1e-5;
-    if (lse != nullptr) {
-      double low_lse_err = 0;
-      for (size_t i = 0; i < low.lse.size(); ++i)
-        if (std::isfinite(exact.lse[i]))
-          low_lse_err = std::max(low_lse_err, std::fabs(low.lse[i] - exact.lse[i]));
-      result.lse_bound = 2 * low_lse_err + 1e-5;
-    }
+    return result;
+  }
+  if (lowprec == nullptr)
+    throw Error(ErrorKind::invalid_argument, "verify: 16-bit outputs need the lowprec reference");
+  double low_out_err = 0;
+  for (size_t i = 0; i < lowprec->out.size(); ++i)
+    low_out_err = std::max(low_out_err, std::fabs(lowprec->out[i] - exact.out[i]));
+  result.out_bound = 2 * low_out_err + 1e-5;
+  if (lse != nullptr) {
+    double low_lse_err = 0;
+    for (size_t i = 0; i < lowprec->lse.size(); ++i)
+      if (std::isfinite(exact.lse[i]))
+        low_lse_err = std::max(low_lse_err, std::fabs(lowprec->lse[i] - exact.lse[i]));
+    result.lse_bound = 2 * low_lse_err + 1e-5;
   }
   return result;
+}
+
+Verification verify_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& out, const float* lse, const Options& options) {
+  const ReferenceResult exact = reference_attention(q, k, v, options, ReferencePrecision::exact);
+  if (q.dtype == DType::f32) return verify_against(exact, nullptr, out, lse);
+  const ReferenceResult low = reference_attention(q, k, v, options, ReferencePrecision::lowprec);
+  return verify_against(exact, &low, out, lse);
 }
 
 namespace detail {

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Copies the header-only and small libraries that the H200 image lacks (CLI11, Highway)
+# from this machine's Debian packages into .device/deps, a CMake prefix that device calls
+# carry (`carry: [".device"]`) and pass as -DCMAKE_PREFIX_PATH=$PWD/.device/deps.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+prefix=.device/deps
+rm -rf "$prefix"
+mkdir -p "$prefix/include" "$prefix/share/cmake" "$prefix/lib/x86_64-linux-gnu/cmake"
+cp -r /usr/include/CLI "$prefix/include/"
+cp -r /usr/share/cmake/CLI11 "$prefix/share/cmake/"
+cp -r /usr/include/hwy "$prefix/include/"
+cp -r /usr/lib/x86_64-linux-gnu/cmake/hwy "$prefix/lib/x86_64-linux-gnu/cmake/"
+cp -P /usr/lib/x86_64-linux-gnu/libhwy*.so* "$prefix/lib/x86_64-linux-gnu/"
+du -sh "$prefix"
