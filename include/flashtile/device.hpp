@@ -46,8 +46,13 @@ class DeviceBuffer {
 
 // Times `fn` on the default stream of `device_index` with CUDA events:
 // `warmup` untimed calls, then the median of `repeats` timed calls, in milliseconds.
+// `before_each` runs before every timed call, outside the events (e.g. an L2 flush).
+template <class Fn, class Before>
+double cuda_median_ms(int device_index, int warmup, int repeats, Fn&& fn, Before&& before_each);
 template <class Fn>
-double cuda_median_ms(int device_index, int warmup, int repeats, Fn&& fn);
+double cuda_median_ms(int device_index, int warmup, int repeats, Fn&& fn) {
+  return cuda_median_ms(device_index, warmup, repeats, fn, [] {});
+}
 
 namespace detail {
 struct EventPair;
@@ -60,13 +65,15 @@ double median(std::vector<double>& values);
 
 }  // namespace flashtile
 
-template <class Fn>
-double flashtile::cuda_median_ms(int device_index, int warmup, int repeats, Fn&& fn) {
+template <class Fn, class Before>
+double flashtile::cuda_median_ms(int device_index, int warmup, int repeats, Fn&& fn,
+                                 Before&& before_each) {
   detail::EventPair* events = detail::event_pair_create(device_index);
   std::vector<double> times;
   try {
     for (int i = 0; i < warmup; ++i) fn();
     for (int i = 0; i < repeats; ++i) {
+      before_each();
       detail::event_pair_record_start(events);
       fn();
       times.push_back(detail::event_pair_record_stop_ms(events));

@@ -35,7 +35,7 @@ std::string cuda_unavailable_reason() {
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
     cudaGetLastError();
-    return std::string("no CUDA device: ") + cudaGetErrorString(status);
+    return std::string("no usable CUDA device (") + cudaGetErrorString(status) + ")";
   }
   return count > 0 ? "" : "no CUDA device found";
 }

@@ -1,0 +1,204 @@
+// `flashtile bench`: the write-up's table for this machine (or the field's sweep grid).
+// Every row is checked against the oracle before it is timed.
+#include <omp.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "commands.hpp"
+#include "flashtile/device.hpp"
+#include "workload.hpp"
+
+namespace flashtile::cli {
+namespace {
+
+struct Row {
+  Backend backend;
+  Shape shape;
+  double ms = 0;
+  double tflops = 0;
+  std::optional<double> speedup;  // over cpu_standard in the same run
+  double max_abs_err = 0;
+  bool error_sampled = false;
+  int64_t workspace_bytes = 0;
+};
+
+std::vector<Backend> default_backends() {
+  std::vector<Backend> out;
+  for (Backend b : all_backends())
+    if (b != Backend::cpu_reference && backend_available(b)) out.push_back(b);
+  return out;
+}
+
+std::vector<Shape> sweep_shapes(const BenchOptions& o) {
+  std::vector<Shape> shapes;
+  for (int64_t d : o.sweep_head_dims)
+    for (int causal : o.sweep_causal)
+      for (int64_t s : o.sweep_seqlens) {
+        Shape shape = o.shape;
+        shape.seqlen_q = shape.seqlen_k = s;
+        shape.batch = std::max<int64_t>(1, 16384 / s);
+        shape.heads_q = shape.heads_kv = std::max<int64_t>(1, 2048 / d);
+        shape.head_dim = d;
+        shape.causal = causal != 0;
+        shapes.push_back(shape);
+      }
+  return shapes;
+}
+
+std::string json_number(double x) {
+  if (!std::isfinite(x)) return "null";
+  std::ostringstream s;
+  s.precision(6);
+  s << x;
+  return s.str();
+}
+
+std::string to_json(const std::vector<Row>& rows) {
+  std::ostringstream j;
+  j << "[\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const Shape& s = r.shape;
+    j << "  {\"backend\": \"" << backend_name(r.backend) << "\", \"dtype\": \""
+      << dtype_name(s.dtype) << "\", \"batch\": " << s.batch << ", \"heads\": " << s.heads_q
+      << ", \"heads_kv\": " << s.heads_kv << ", \"seqlen_q\": " << s.seqlen_q
+      << ", \"seqlen_k\": " << s.seqlen_k << ", \"head_dim\": " << s.head_dim
+      << ", \"causal\": " << (s.causal ? "true" : "false") << ", \"ms\": " << json_number(r.ms)
+      << ", \"tflops\": " << json_number(r.tflops)
+      << ", \"speedup\": " << (r.speedup ? json_number(*r.speedup) : "null")
+      << ", \"max_abs_err\": " << json_number(r.max_abs_err)
+      << ", \"error_sampled\": " << (r.error_sampled ? "true" : "false")
+      << ", \"workspace_bytes\": " << r.workspace_bytes << "}" << (i + 1 < rows.size() ? "," : "")
+      << "\n";
+  }
+  j << "]\n";
+  return j.str();
+}
+
+std::string to_csv(const std::vector<Row>& rows) {
+  std::ostringstream c;
+  c << "backend,dtype,batch,heads,heads_kv,seqlen_q,seqlen_k,head_dim,causal,ms,tflops,speedup,"
+       "max_abs_err,error_sampled,workspace_bytes\n";
+  for (const Row& r : rows) {
+    const Shape& s = r.shape;
+    c << backend_name(r.backend) << ',' << dtype_name(s.dtype) << ',' << s.batch << ','
+      << s.heads_q << ',' << s.heads_kv << ',' << s.seqlen_q << ',' << s.seqlen_k << ','
+      << s.head_dim << ',' << (s.causal ? 1 : 0) << ',' << json_number(r.ms) << ','
+      << json_number(r.tflops) << ',' << (r.speedup ? json_number(*r.speedup) : "") << ','
+      << json_number(r.max_abs_err) << ',' << (r.error_sampled ? 1 : 0) << ','
+      << r.workspace_bytes << "\n";
+  }
+  return c.str();
+}
+
+void print_table(const std::vector<Row>& rows, const std::vector<std::string>& skipped) {
+  const Shape* last = nullptr;
+  for (const Row& r : rows) {
+    if (last == nullptr || last->describe() != r.shape.describe()) {
+      std::printf("\n%s\n", r.shape.describe().c_str());
+      std::printf("%-14s %12s %10s %10s %13s %14s\n", "backend", "ms", "speedup", "TFLOP/s",
+                  "max_abs_err", "extra memory");
+      last = &r.shape;
+    }
+    char speedup[32] = "-";
+    if (r.speedup) std::snprintf(speedup, sizeof speedup, "%.1fx", *r.speedup);
+    std::printf("%-14s %12.4f %10s %10.3f %12.2e%s %14s\n",
+                std::string(backend_name(r.backend)).c_str(), r.ms, speedup, r.tflops,
+                r.max_abs_err, r.error_sampled ? "*" : " ", human_bytes(r.workspace_bytes).c_str());
+  }
+  for (const std::string& line : skipped) std::printf("%s\n", line.c_str());
+  bool any_sampled = false;
+  for (const Row& r : rows) any_sampled |= r.error_sampled;
+  if (any_sampled) std::printf("* error measured on 12 sampled query rows (full oracle too slow)\n");
+}
+
+}  // namespace
+
+std::vector<Backend> parse_backend_list(const std::vector<std::string>& names) {
+  std::vector<Backend> out;
+  for (const std::string& name : names) {
+    const auto b = parse_backend(name);
+    if (!b || *b == Backend::automatic) {
+      std::string known;
+      for (Backend k : all_backends()) known += (known.empty() ? "" : ", ") + std::string(backend_name(k));
+      throw Error(ErrorKind::invalid_argument,
+                  "unknown backend '" + name + "' (expected one of: " + known + ")");
+    }
+    out.push_back(*b);
+  }
+  return out;
+}
+
+int run_bench(const BenchOptions& o) {
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+  const std::vector<Backend> backends =
+      o.backends.empty() ? default_backends() : parse_backend_list(o.backends);
+  const std::vector<Shape> shapes = o.sweep ? sweep_shapes(o) : std::vector<Shape>{o.shape};
+
+  std::fprintf(stderr, "flashtile bench: %d CPU threads", omp_get_max_threads());
+  if (cuda_device_count() > 0)
+    std::fprintf(stderr, ", %s (sm_%d)\n", cuda_device_name(0).c_str(), cuda_compute_capability(0));
+  else
+    std::fprintf(stderr, "\n");
+
+  TimingSettings timing;
+  timing.warmup = o.warmup;
+  timing.repeats = o.repeats;
+  timing.flush_l2 = !o.no_flush;
+
+  std::vector<Row> rows;
+  std::vector<std::string> skipped;
+  const size_t total = shapes.size() * backends.size();
+  size_t step = 0;
+  for (const Shape& shape : shapes) {
+    Workload work(shape);
+    std::optional<double> baseline_ms;
+    const size_t first_row = rows.size();
+    for (Backend backend : backends) {
+      ++step;
+      std::fprintf(stderr, "[%zu/%zu] %s %s\n", step, total,
+                   std::string(backend_name(backend)).c_str(), shape.describe().c_str());
+      Plan plan;
+      try {
+        plan = plan_for(work, backend);
+      } catch (const Error& e) {
+        skipped.push_back(std::string(backend_name(backend)) + " skipped (" + shape.describe() +
+                          "): " + e.what());
+        continue;
+      }
+      Row row{backend, shape};
+      row.workspace_bytes = plan.workspace_bytes;
+      run_once(work, backend);  // checked before it is timed
+      const ErrorReport error = measure_error(work);
+      row.max_abs_err = error.max_abs_err;
+      row.error_sampled = error.sampled;
+      row.ms = median_ms(work, backend, timing);
+      row.tflops = attention_flops(shape) / (row.ms * 1e-3) / 1e12;
+      if (backend == Backend::cpu_standard) baseline_ms = row.ms;
+      rows.push_back(row);
+    }
+    if (baseline_ms)
+      for (size_t i = first_row; i < rows.size(); ++i) rows[i].speedup = *baseline_ms / rows[i].ms;
+  }
+
+  if (o.json)
+    std::fputs(to_json(rows).c_str(), stdout);
+  else
+    print_table(rows, skipped);
+  if (cuda_device_count() == 0)
+    std::fprintf(o.json ? stderr : stdout, "GPU rows missing: %s\n",
+                 cuda_unavailable_reason().c_str());
+  if (!o.output.empty()) {
+    std::ofstream file(o.output);
+    if (!file) throw Error(ErrorKind::runtime, o.output + ": cannot open for writing");
+    const bool csv = o.output.size() >= 4 && o.output.substr(o.output.size() - 4) == ".csv";
+    file << (csv ? to_csv(rows) : to_json(rows));
+  }
+  return rows.empty() ? 1 : 0;
+}
+
+}  // namespace flashtile::cli

@@ -1,0 +1,95 @@
+// flashtile: benchmark, check and run exact attention from the command line.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "commands.hpp"
+
+int main(int argc, char** argv) {
+  using namespace flashtile;
+  CLI::App app{"flashtile: exact attention (FlashAttention) on CPUs and CUDA GPUs"};
+  app.require_subcommand(1);
+
+  cli::BenchOptions bench;
+  auto* bench_cmd = app.add_subcommand(
+      "bench", "Time every available backend on one case (default: the write-up's B=1 H=1 "
+               "N=1024 d=64 fp32) or on the field's sweep grid");
+  std::string dtype = "f32";
+  int64_t seqlen = 0;
+  bench_cmd->add_option("--batch", bench.shape.batch, "Batch size")->default_val(1);
+  bench_cmd->add_option("--heads", bench.shape.heads_q, "Query heads")->default_val(1);
+  bench_cmd->add_option("--heads-kv", bench.shape.heads_kv, "Key/value heads (0 = heads)")
+      ->default_val(0);
+  bench_cmd->add_option("--seqlen", seqlen, "Sets both seqlen-q and seqlen-k");
+  bench_cmd->add_option("--seqlen-q", bench.shape.seqlen_q, "Query length")->default_val(1024);
+  bench_cmd->add_option("--seqlen-k", bench.shape.seqlen_k, "Key/value length")->default_val(1024);
+  bench_cmd->add_option("--head-dim", bench.shape.head_dim, "Head dimension")->default_val(64);
+  bench_cmd->add_flag("--causal", bench.shape.causal, "Causal mask (bottom-right aligned)");
+  bench_cmd->add_option("--dtype", dtype, "f32, f16 or bf16")->default_val("f32");
+  bench_cmd->add_option("--backends", bench.backends, "Comma-separated backends (default: all)")
+      ->delimiter(',');
+  bench_cmd->add_option("--warmup", bench.warmup, "Untimed calls first")->default_val(3);
+  bench_cmd->add_option("--repeats", bench.repeats, "Timed calls (median reported)")
+      ->default_val(20)->check(CLI::PositiveNumber);
+  bench_cmd->add_option("--threads", bench.threads, "CPU threads (0 = all)")->default_val(0);
+  bench_cmd->add_flag("--json", bench.json, "Print a JSON list instead of the table");
+  bench_cmd->add_option("--output", bench.output, "Also write the results to FILE (.json or .csv)");
+  bench_cmd->add_flag("--no-flush", bench.no_flush, "Do not flush the GPU L2 before timed calls");
+  bench_cmd->add_flag("--sweep", bench.sweep,
+                      "Run the field's grid: 16k tokens (batch = 16384/seqlen), hidden 2048 "
+                      "(heads = 2048/head_dim)");
+  bench_cmd->add_option("--sweep-seqlens", bench.sweep_seqlens, "Sweep seqlens")->delimiter(',');
+  bench_cmd->add_option("--sweep-head-dims", bench.sweep_head_dims, "Sweep head dims")
+      ->delimiter(',');
+  bench_cmd->add_option("--sweep-causal", bench.sweep_causal, "Sweep causal values (0,1)")
+      ->delimiter(',');
+
+  cli::CheckOptions check;
+  auto* check_cmd = app.add_subcommand(
+      "check", "Check every available backend against the double-precision oracle on random "
+               "shapes; exits non-zero on any failure");
+  check_cmd->add_option("--shapes", check.shapes, "Random shapes per backend")
+      ->default_val(200)->check(CLI::PositiveNumber);
+  check_cmd->add_option("--seed", check.seed, "Random seed")->default_val(2024);
+  check_cmd->add_option("--max-seqlen", check.max_seqlen, "Longest sequence drawn")
+      ->default_val(300)->check(CLI::PositiveNumber);
+  check_cmd->add_option("--backends", check.backends, "Comma-separated backends (default: all)")
+      ->delimiter(',');
+  check_cmd->add_option("--threads", check.threads, "CPU threads (0 = all)")->default_val(0);
+
+  cli::RunOptions run;
+  auto* run_cmd = app.add_subcommand(
+      "run", "Attention on .npy files: float32, float16 or ml_dtypes.bfloat16, C order, "
+             "shape (B, S, H, D)");
+  run_cmd->add_option("--q", run.q, "Query .npy")->required();
+  run_cmd->add_option("--k", run.k, "Key .npy")->required();
+  run_cmd->add_option("--v", run.v, "Value .npy")->required();
+  run_cmd->add_option("--out", run.out, "Output .npy (written only on success)")->required();
+  run_cmd->add_option("--lse", run.lse, "Also write the log-sum-exp, float32 (B, H, Sq)");
+  run_cmd->add_flag("--causal", run.causal, "Causal mask (bottom-right aligned)");
+  auto* scale_opt = run_cmd->add_option("--scale", run.scale, "Softmax scale (default 1/sqrt(D))");
+  run_cmd->add_option("--backend", run.backend, "Backend name or auto")->default_val("auto");
+  run_cmd->add_option("--device", run.device, "auto, cpu or cuda")
+      ->default_val("auto")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*bench_cmd) {
+      const auto parsed = parse_dtype(dtype);
+      if (!parsed) throw Error(ErrorKind::dtype, "--dtype must be f32, f16 or bf16, got " + dtype);
+      bench.shape.dtype = *parsed;
+      if (seqlen > 0) bench.shape.seqlen_q = bench.shape.seqlen_k = seqlen;
+      if (bench.shape.heads_kv == 0) bench.shape.heads_kv = bench.shape.heads_q;
+      return cli::run_bench(bench);
+    }
+    if (*check_cmd) return cli::run_check(check);
+    run.has_scale = scale_opt->count() > 0;
+    return cli::run_run(run);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "flashtile: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flashtile: error: %s\n", e.what());
+    return 2;
+  }
+}
