@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "support/backend_grid.hpp"
@@ -36,6 +37,9 @@ std::vector<Backend> cuda_backends_for(DType dtype) {
   return out;
 }
 
+// Under compute-sanitizer the lengths 1023/1025 are left out (FLASHTILE_SMALL_GRID=1).
+bool small_grid() { return std::getenv("FLASHTILE_SMALL_GRID") != nullptr; }
+
 void expect_matches_oracle(Backend backend, const Shape& shape) {
   AttentionCase c(shape);
   DeviceCase d(c);
@@ -54,7 +58,7 @@ TEST(CudaF32, MatchesOracleOnGrid) {
   const auto backends = cuda_backends_for(DType::f32);
   ASSERT_FALSE(backends.empty());
   for (Backend b : backends)
-    for (const Shape& s : testing::backend_grid({32, 64, 128}, DType::f32, /*large=*/true))
+    for (const Shape& s : testing::backend_grid({32, 64, 128}, DType::f32, !small_grid()))
       expect_matches_oracle(b, s);
 }
 
