@@ -159,12 +159,12 @@ const detail::BackendEntry& choose(const detail::AttentionParams& p, DeviceType 
     if (entry == nullptr)
       fail(ErrorKind::unsupported, "backend ", backend_name(requested),
            " is not compiled into this build");
-    if (std::string why = entry->unavailable_reason(); !why.empty())
-      fail(ErrorKind::unsupported, "backend ", backend_name(requested), " is not available: ", why);
     if (entry->device != device)
       fail(ErrorKind::invalid_argument, "backend ", backend_name(requested), " runs on ",
            entry->device == DeviceType::cpu ? "cpu" : "cuda", " but the tensors are on ",
            device == DeviceType::cpu ? "cpu" : "cuda");
+    if (std::string why = entry->unavailable_reason(); !why.empty())
+      fail(ErrorKind::unsupported, "backend ", backend_name(requested), " is not available: ", why);
     if (std::string why = entry->unsupported_reason(p); !why.empty())
       fail(ErrorKind::unsupported, "backend ", backend_name(requested), " cannot run this call: ",
            why);

@@ -138,8 +138,15 @@ ErrorStats compare_to_reference(const TensorView& out, const std::vector<double>
                                                : std::numeric_limits<double>::infinity();
           stats.max_abs = std::max(stats.max_abs, diff);
           stats.max_ref = std::max(stats.max_ref, std::fabs(ref[n]));
+          stats.sum_sq_err += diff * diff;
+          stats.sum_sq_ref += ref[n] * ref[n];
         }
   return stats;
+}
+
+double ErrorStats::rel_l2() const {
+  if (!std::isfinite(sum_sq_err)) return std::numeric_limits<double>::infinity();
+  return sum_sq_ref > 0 ? std::sqrt(sum_sq_err / sum_sq_ref) : std::sqrt(sum_sq_err);
 }
 
 ErrorStats compare_lse(const float* lse, const std::vector<double>& ref) {
@@ -163,7 +170,6 @@ Verification verify_against(const ReferenceResult& exact, const ReferenceResult*
     throw Error(ErrorKind::invalid_argument, "verify: out must be on the cpu");
   Verification result;
   const ErrorStats out_stats = compare_to_reference(out, exact.out);
-  result.out_error = out_stats.max_abs;
   ErrorStats lse_stats;
   if (lse != nullptr) {
     lse_stats = compare_lse(lse, exact.lse);
@@ -171,12 +177,14 @@ Verification verify_against(const ReferenceResult& exact, const ReferenceResult*
   }
   if (out.dtype == DType::f32) {
     constexpr double kRelTol = 1e-5;
-    result.out_bound = kRelTol * out_stats.max_ref;
+    result.out_error = out_stats.rel_l2();
+    result.out_bound = kRelTol;
     result.lse_bound = lse != nullptr ? kRelTol * std::max(1.0, lse_stats.max_ref) : 0.0;
     return result;
   }
   if (lowprec == nullptr)
     throw Error(ErrorKind::invalid_argument, "verify: 16-bit outputs need the lowprec reference");
+  result.out_error = out_stats.max_abs;
   double low_out_err = 0;
   for (size_t i = 0; i < lowprec->out.size(); ++i)
     low_out_err = std::max(low_out_err, std::fabs(lowprec->out[i] - exact.out[i]));

@@ -108,7 +108,7 @@ std::vector<Bad> bad_inputs() {
        "scale must be finite"},
       {"backend_wrong_device",
        [](auto&, V&, V&, V&, V&, Options& o) { o.backend = Backend::cuda_tiled; },
-       "cuda_tiled", ErrorKind::unsupported},
+       "backend cuda_tiled runs on cuda but the tensors are on cpu"},
   };
 }
 

@@ -63,14 +63,22 @@ void run_once(Workload& work, Backend backend) {
 double median_ms(Workload& work, Backend backend, const TimingSettings& settings) {
   const Call c = make_call(work, backend);
   auto call = [&] { forward(c.q, c.k, c.v, c.out, c.options); };
+  using Clock = std::chrono::steady_clock;
   if (on_gpu(backend)) {
     const int device = c.q.device.index;
+    // An idle GPU sits at low clocks; keep it busy for a while before the timed calls so
+    // that every backend is measured at the clocks it would see under load.
+    constexpr double kSpinUpSeconds = 0.3;
+    const auto spin_start = Clock::now();
+    do {
+      call();
+      cuda_synchronize(device);
+    } while (std::chrono::duration<double>(Clock::now() - spin_start).count() < kSpinUpSeconds);
     DeviceBuffer flush(settings.flush_l2 ? (size_t(256) << 20) : 1, device);
     return cuda_median_ms(device, settings.warmup, settings.repeats, call, [&] {
       if (settings.flush_l2) flush.fill_bytes(0x5A);
     });
   }
-  using Clock = std::chrono::steady_clock;
   for (int i = 0; i < std::min(settings.warmup, 1); ++i) call();
   std::vector<double> times;
   const auto start = Clock::now();
