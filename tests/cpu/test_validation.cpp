@@ -6,6 +6,8 @@
 #include <functional>
 #include <limits>
 
+#include "flashtile/device.hpp"
+
 #include "support/attention_case.hpp"
 
 namespace flashtile {
@@ -124,6 +126,27 @@ TEST(Validation, UnsupportedHeadDimForChosenBackend) {
   // Without CUDA the backend is unavailable; with CUDA it refuses head_dim 40. Either way
   // the message names the backend and nothing is written.
   EXPECT_THROW(forward(c.q.view, c.k.view, c.v.view, c.out.view, o), Error);
+  EXPECT_EQ(c.out.bytes, before);
+}
+
+TEST(Validation, UnavailableBackendIsRefused) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "needs a machine without a CUDA device";
+  // Views that claim to live on a GPU; no backend may touch them.
+  AttentionCase c(Shape{});
+  TensorView q = c.q.view, k = c.k.view, v = c.v.view, out = c.out.view;
+  for (TensorView* t : {&q, &k, &v, &out}) t->device = Device::cuda(0);
+  Options o;
+  o.backend = Backend::cuda_tiled;
+  const auto before = c.out.bytes;
+  try {
+    forward(q, k, v, out, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backend cuda_tiled is not"), std::string::npos) << e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+  }
+  o.backend = Backend::automatic;
+  EXPECT_THROW(forward(q, k, v, out, o), Error);
   EXPECT_EQ(c.out.bytes, before);
 }
 
