@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -52,10 +53,12 @@ class CudaMmaGrid : public ::testing::TestWithParam<DType> {};
 
 // Seqlens 1, 17, 113, 127, 128, 129, 1023, 1025 with seqlen_q != seqlen_k both ways, causal
 // or not, MHA/GQA/MQA, strided views; the four specialised head dims and two that are
-// served by the next one up with masked loads and stores.
+// served by the next one up with masked loads and stores. FLASHTILE_SMALL_GRID=1 drops
+// the 1023/1025 lengths (for compute-sanitizer runs).
 TEST_P(CudaMmaGrid, MatchesOracle) {
   SKIP_WITHOUT_MMA_DEVICE();
-  for (const Shape& s : testing::backend_grid({64, 96, 128, 256, 40, 72}, GetParam(), true))
+  const bool large = std::getenv("FLASHTILE_SMALL_GRID") == nullptr;
+  for (const Shape& s : testing::backend_grid({64, 96, 128, 256, 40, 72}, GetParam(), large))
     expect_matches_oracle(s);
 }
 
