@@ -16,8 +16,10 @@ if ! "$BUILD/tests/flashtile_cuda_mma_tests" --gtest_list_tests > /dev/null 2>&1
 fi
 if [[ $WHAT == perf || $WHAT == all ]]; then
   [[ -x $BUILD/flashtile_mma_variants ]] && timeout 120 "$BUILD/flashtile_mma_variants" 2>&1 | tee "$OUT/variants.txt"
-  PYTHONUNBUFFERED=1 timeout 240 python3 bench/peers.py --sweep-bin "$BUILD/flashtile_mma_sweep" \
-    --out "$OUT" ${PEERS_ARGS:-} 2> "$OUT/peers.log" | tee "$OUT/peers_table.txt"
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/peers.py --sweep-bin "$BUILD/flashtile_mma_sweep" \
+    --out /tmp/peers ${PEERS_ARGS:-} > /tmp/peers_table.txt 2> "$OUT/peers.log"
+  cat /tmp/peers_table.txt | tee -a "$OUT/peers.log"
+  cp /tmp/peers/peers.json /tmp/peers/peers.csv "$OUT/"
 fi
 if [[ $WHAT == tests || $WHAT == all ]]; then
   SMALL='Dtypes/CudaMmaGrid.MatchesOracle/bfloat16:CudaMma.OtherHeadDims*:CudaMma.ScaleOfAnySign:CudaMma.Refuses*'
@@ -25,12 +27,12 @@ if [[ $WHAT == tests || $WHAT == all ]]; then
     "$BUILD/tests/flashtile_cuda_mma_tests" --gtest_filter="$SMALL" > "$OUT/memcheck.txt" 2>&1 &
   FLASHTILE_SMALL_GRID=1 timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$BUILD/tests/flashtile_cuda_mma_tests" --gtest_filter="$SMALL" > "$OUT/racecheck.txt" 2>&1 &
-  timeout 300 "$BUILD/tests/flashtile_cuda_mma_tests" > "$OUT/mma_tests.txt" 2>&1
+  timeout 300 "$BUILD/tests/flashtile_cuda_mma_tests" > "$OUT/tests.txt" 2>&1
   echo "mma tests rc=$?"
-  timeout 200 "$BUILD/tests/flashtile_cuda_tests" > "$OUT/cuda_tests.txt" 2>&1
+  timeout 200 "$BUILD/tests/flashtile_cuda_tests" >> "$OUT/tests.txt" 2>&1
   echo "cuda (f32) tests rc=$?"
   wait
-  for f in memcheck racecheck; do echo "== $f"; tail -4 "$OUT/$f.txt"; done
-  grep -E "FAILED|PASSED|Failure|err " "$OUT/mma_tests.txt" | head -40
-  tail -3 "$OUT/cuda_tests.txt"
+  cat "$OUT/memcheck.txt" "$OUT/racecheck.txt" > "$OUT/sanitizer.txt" && rm "$OUT/memcheck.txt" "$OUT/racecheck.txt"
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/sanitizer.txt"
+  grep -E "FAILED|PASSED|Failure|err |got " "$OUT/tests.txt" | head -40
 fi

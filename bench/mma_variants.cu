@@ -123,15 +123,13 @@ int main(int argc, char** argv) {
   run_head_dim<MmaConfig<64, 128, 64, 4, 2, true, 2>,    // 32 rows/warp, Q in registers
                MmaConfig<64, 128, 128, 4, 2, false, 2>,  // FA2's sm80 choice
                MmaConfig<64, 128, 128, 8, 2, true, 1>,   // 16 rows/warp, 8 warps
-               MmaConfig<64, 128, 64, 8, 2, true, 2>,    // 16 rows/warp, 2 CTAs x 8 warps
-               MmaConfig<64, 64, 128, 4, 2, true, 3>,    // 16 rows/warp, 3 CTAs
-               MmaConfig<64, 128, 64, 4, 3, true, 2>>(buf, seqlens);  // 3 stages
+               MmaConfig<64, 128, 128, 8, 2, true, 2>,   // the same capped at 128 registers
+               MmaConfig<64, 64, 128, 4, 2, true, 3>>(buf, seqlens);  // 16 rows/warp, 3 CTAs
   run_head_dim<MmaConfig<128, 128, 64, 4, 2, false, 2>,  // FA2's sm80 choice
+               MmaConfig<128, 128, 128, 8, 2, true, 1>,  // 16 rows/warp, wide key tiles
+               MmaConfig<128, 128, 128, 8, 2, false, 1>, // the same, Q re-read from smem
                MmaConfig<128, 128, 64, 8, 2, true, 1>,   // 16 rows/warp, Q in registers
-               MmaConfig<128, 128, 64, 8, 2, true, 2>,   // the same capped at 128 registers
-               MmaConfig<128, 64, 32, 4, 2, true, 3>,    // small tiles, 3 CTAs
-               MmaConfig<128, 128, 32, 4, 2, false, 2>,  // 32 rows/warp, short key tiles
-               MmaConfig<128, 128, 128, 8, 2, true, 1>>(buf, seqlens);  // wide key tiles
+               MmaConfig<128, 128, 32, 4, 2, false, 2>>(buf, seqlens);  // short key tiles
   run_head_dim<MmaConfig<256, 64, 32, 4, 2, false, 2>,
                MmaConfig<256, 128, 32, 8, 2, false, 1>,
                MmaConfig<256, 64, 64, 4, 2, false, 1>>(buf, seqlens);

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -29,6 +31,27 @@ constexpr Backend kMma = Backend::cuda_mma;
       GTEST_SKIP() << "cuda_mma unavailable: " << backend_unavailable_reason(kMma); \
   } while (0)
 
+// On failure: where the output is off, to tell a wrong row or column from a rounding slip.
+void report_worst(const AttentionCase& c, const Options& ref, double bound) {
+  const ReferenceResult exact = reference_attention(c.q.view, c.k.view, c.v.view, ref);
+  const TensorView& out = c.out.view;
+  int shown = 0;
+  int64_t n = 0;
+  for (int64_t b = 0; b < out.batch(); ++b)
+    for (int64_t s = 0; s < out.seqlen(); ++s)
+      for (int64_t h = 0; h < out.heads(); ++h)
+        for (int64_t d = 0; d < out.head_dim(); ++d, ++n) {
+          const int64_t i = b * out.strides[0] + s * out.strides[1] + h * out.strides[2] + d;
+          const double got = detail::load_as_float(out.data, out.dtype, i);
+          if (!(std::fabs(got - exact.out[n]) <= bound) && shown++ < 8) {
+            const int64_t row = (b * out.heads() + h) * out.seqlen() + s;
+            std::printf("  b%lld s%lld h%lld d%lld: got %.8g oracle %.8g (lse %.8g oracle %.8g)\n",
+                        (long long)b, (long long)s, (long long)h, (long long)d, got,
+                        exact.out[n], c.lse[row], exact.lse[row]);
+          }
+        }
+}
+
 void expect_matches_oracle(const Shape& shape, std::optional<float> scale = std::nullopt) {
   AttentionCase c(shape);
   DeviceCase d(c);
@@ -47,6 +70,7 @@ void expect_matches_oracle(const Shape& shape, std::optional<float> scale = std:
   EXPECT_TRUE(check.pass()) << shape.describe() << ": out err " << check.out_error << " (bound "
                             << check.out_bound << "), lse err " << check.lse_error << " (bound "
                             << check.lse_bound << ")";
+  if (!check.pass()) report_worst(c, ref, check.out_bound);
 }
 
 class CudaMmaGrid : public ::testing::TestWithParam<DType> {};

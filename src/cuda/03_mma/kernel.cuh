@@ -25,6 +25,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -111,6 +112,30 @@ __device__ __forceinline__ void load_tile_async(uint32_t tile, const T* src, int
   }
 }
 
+// The same for a tile known to be whole (every row < seqlen): no per-row predicate and
+// addresses that advance by a fixed stride, so each chunk costs a 64-bit add and a copy.
+template <class Cfg, int kRows, class T>
+__device__ __forceinline__ void load_full_tile_async(uint32_t tile, const T* src,
+                                                     int64_t row_stride, int valid_chunks) {
+  const int chunk = threadIdx.x % Cfg::kRowChunks;
+  const int row0 = threadIdx.x / Cfg::kRowChunks;
+  if (chunk >= Cfg::kDataChunks || chunk >= valid_chunks) {
+    // Padding columns (head_dim below the specialisation) stay zero.
+    if (chunk < Cfg::kDataChunks)
+#pragma unroll
+      for (int i = 0; i < kRows / Cfg::kRowsPerPass; ++i)
+        ptx::cp_async_16(tile + swizzle<Cfg>(row0 + i * Cfg::kRowsPerPass, chunk), src, false);
+    return;
+  }
+  const T* from = src + row0 * row_stride + chunk * 8;
+  const int64_t pass_stride = Cfg::kRowsPerPass * row_stride;
+  // Not unrolled on purpose: unrolled, nvcc keeps every pass's 64-bit offset live across
+  // the main loop, which costs the kernel its spare registers (spills at head_dim 128).
+#pragma unroll 1
+  for (int i = 0; i < kRows / Cfg::kRowsPerPass; ++i, from += pass_stride)
+    ptx::cp_async_16(tile + swizzle<Cfg>(row0 + i * Cfg::kRowsPerPass, chunk), from);
+}
+
 // Per-lane byte offsets (within an aligned group of 8 chunks) of chunk 2j + hi for
 // j = 0..3, after the swizzle: ldmatrix addresses then differ between k-steps only by a
 // compile-time constant plus one of these four registers.
@@ -174,10 +199,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     if (tile < n_tiles) {
       const int n0 = (n_tiles - 1 - tile) * kBlockN;
       const uint32_t stage = smem_kv + (tile % kStages) * 2 * Cfg::kTileBytes;
-      load_tile_async<Cfg, kBlockN>(stage, k_head + n0 * p.k_row_stride, p.k_row_stride,
-                                    seqlen_k - n0, valid_chunks);
-      load_tile_async<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_head + n0 * p.v_row_stride,
-                                    p.v_row_stride, seqlen_k - n0, valid_chunks);
+      if (n0 + kBlockN <= seqlen_k) {  // every tile but the one holding the end of K
+        load_full_tile_async<Cfg, kBlockN>(stage, k_head + n0 * p.k_row_stride, p.k_row_stride,
+                                           valid_chunks);
+        load_full_tile_async<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_head + n0 * p.v_row_stride,
+                                           p.v_row_stride, valid_chunks);
+      } else {
+        load_tile_async<Cfg, kBlockN>(stage, k_head + n0 * p.k_row_stride, p.k_row_stride,
+                                      seqlen_k - n0, valid_chunks);
+        load_tile_async<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_head + n0 * p.v_row_stride,
+                                      p.v_row_stride, seqlen_k - n0, valid_chunks);
+      }
     }
     ptx::cp_async_commit();  // empty groups keep the wait counts uniform
   };
@@ -199,16 +231,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const uint32_t v_lane_row = (lane % 8 + ((lane / 8) % 2) * 8) * kRowBytes;
   const SwizzledPairs v_cols(lane / 16, lane % 8);
 
-  // A negative scale is folded into Q by flipping its sign bits (exact in fp16/bf16), so
-  // the softmax below only ever sees scale >= 0 and the row max stays a max.
-  const uint32_t q_sign = p.scale < 0.0f ? 0x80008000u : 0u;
+  // A negative scale is folded into Q by flipping its sign bits once in shared memory
+  // (exact in fp16/bf16), so the softmax below only ever sees scale >= 0 and the row max
+  // stays a max. scale_log2 is kept above 0 so that a masked score (-inf) still gives
+  // 2^-inf = 0 when scale == 0 (every visible score then gives 2^0 = 1, as it should).
   const float scale = fabsf(p.scale);
-  const float scale_log2 = scale * kLog2e;
+  const float scale_log2 = fmaxf(scale * kLog2e, FLT_MIN);
+  if (p.scale < 0.0f) {
+    ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
+    __syncthreads();
+    for (int i = threadIdx.x; i < Cfg::kQBytes / 4; i += Cfg::kThreads)
+      reinterpret_cast<uint32_t*>(smem)[i] ^= 0x80008000u;
+    __syncthreads();
+  }
 
   auto load_q_fragment = [&](uint32_t (&a)[4], int mt, int ks) {
     ptx::ldmatrix_x4(a, q_lane + mt * 16 * kRowBytes + q_cols(ks));
-#pragma unroll
-    for (int r = 0; r < 4; ++r) a[r] ^= q_sign;
   };
 
   constexpr int kQRegTiles = Cfg::kQInRegs ? kMTiles : 1;
@@ -232,7 +270,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int r = 0; r < 4; ++r) o[mt][dt][r] = 0.0f;
   // Rows g and g+8 of each m-tile. m is the row's running max of scale·S (natural units);
   // l is this lane's partial sum over its columns (the quad's four partials add up to l).
+  // Set explicitly: nvcc 13.0 was seen to leave m = 0 instead of the member initializer's
+  // -inf for state[1][*] (cuobjdump of the kMTiles = 2 kernels), which only shows as
+  // rounding (m is a shift) but breaks the exact single-key rows.
   SoftmaxState<float> state[kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) state[mt][half] = {kNegInf, 0.0f};
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     ptx::cp_async_wait<kStages - 2>();  // this tile's K and V have landed (for this thread)
@@ -309,6 +354,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         const float block_max = row_max == kNegInf ? kNegInf : row_max * scale;
         SoftmaxState<float>& st = state[mt][half];
         const float alpha = online_softmax_rescale(st, block_max);
+        // Once the running maxima settle, most tiles leave every row's m unchanged
+        // (alpha = 1): the warp then skips the rescale of these rows of O.
+        if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+#pragma unroll
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            o[mt][dt][2 * half] *= alpha;
+            o[mt][dt][2 * half + 1] *= alpha;
+          }
+        }
         // P = exp(scale·s - m) = 2^(s·scale·log2e - m·log2e): one FFMA + one MUFU.EX2.
         const float shift = safe_shift(st.m) * kLog2e;
         float row_sum = 0.0f;
@@ -317,17 +371,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = s[mt][nt][2 * half + e];
-            float prob = ptx::exp2_approx(fmaf(x, scale_log2, -shift));
-            if (needs_mask && x == kNegInf) prob = 0.0f;  // also right when scale == 0
-            x = prob;
-            row_sum += prob;
+            x = ptx::exp2_approx(fmaf(x, scale_log2, -shift));
+            row_sum += x;
           }
         st.l += row_sum;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          o[mt][dt][2 * half] *= alpha;
-          o[mt][dt][2 * half + 1] *= alpha;
-        }
       }
 
     // O += P·V. The A fragment of k-step kk is S n-tiles 2kk and 2kk+1, row halves g/g+8:
