@@ -129,9 +129,11 @@ __device__ __forceinline__ void load_full_tile_async(uint32_t tile, const T* src
   }
   const T* from = src + row0 * row_stride + chunk * 8;
   const int64_t pass_stride = Cfg::kRowsPerPass * row_stride;
-  // Not unrolled on purpose: unrolled, nvcc keeps every pass's 64-bit offset live across
-  // the main loop, which costs the kernel its spare registers (spills at head_dim 128).
-#pragma unroll 1
+  // Not unrolled up to head_dim 128 on purpose: unrolled, nvcc keeps every pass's 64-bit
+  // offset live across the main loop, which costs the kernel its spare registers (spills at
+  // head_dim 128). At 256 (4 rows per pass, short key tiles) the loop overhead shows more.
+  constexpr int kUnroll = Cfg::kHeadDim > 128 ? kRows / Cfg::kRowsPerPass : 1;
+#pragma unroll kUnroll
   for (int i = 0; i < kRows / Cfg::kRowsPerPass; ++i, from += pass_stride)
     ptx::cp_async_16(tile + swizzle<Cfg>(row0 + i * Cfg::kRowsPerPass, chunk), from);
 }

@@ -14,9 +14,26 @@ inline constexpr int kSpecialisedHeadDims[] = {64, 96, 128, 256};
 template <int kHeadDim>
 struct MmaTraits;
 
-// Measurement behind each choice: PENDING (filled in from bench/mma_variants.cu on the H200).
+// Measurement behind each choice: bench/mma_variants.cu on the H200 (bf16, 16k tokens,
+// hidden 2048, seqlen 1k/4k/16k, causal and not; 2026-12-01, second device run, after the
+// per-tile instruction trims). TFLOP/s at seqlen 16k, non-causal / causal:
+//  d=64 : M128 N128 4 warps, Q re-read from smem (FA2's sm80 shape)   293 / 280  <- chosen
+//         M64  N128 4 warps, Q in registers, 3 CTAs/SM                 276 / 268
+//         M128 N128 8 warps (16 rows each), capped at 128 registers    274 / 265
+//         M128 N64  4 warps, Q in registers (first default)            264 / 254
+//         M128 N128 8 warps, one CTA/SM                                 235 / 238
+//  d=128: M128 N64  4 warps, Q re-read from smem (FA2's sm80 shape)   346 / 322  <- chosen
+//         M128 N128 8 warps, Q in registers, one CTA/SM                 293 / 299
+//         M128 N32  4 warps                                             287 / 263
+//         M128 N64  8 warps, Q in registers                             262 / 264
+//  d=256: M64  N32  4 warps, Q re-read from smem                       242 / 245  <- chosen
+//         M128 N32  8 warps                                             237 / 240
+//         M64  N64  4 warps, one CTA/SM (160 KB)                        204 / 208
+//  d=96 : not measured separately; the d=128 shape (its smem rows are padded to 128).
+// Pattern: 32 rows per warp (two m-tiles sharing every K/V fragment) and two CTAs per SM
+// beat 16 rows per warp at any occupancy: ldmatrix traffic per mma halves.
 template <>
-struct MmaTraits<64> : MmaConfig<64, 128, 64, 4, 2, true, 2> {};
+struct MmaTraits<64> : MmaConfig<64, 128, 128, 4, 2, false, 2> {};
 template <>
 struct MmaTraits<96> : MmaConfig<96, 128, 64, 4, 2, false, 2> {};
 template <>
