@@ -8,6 +8,7 @@ BackendEntry make_cpu_standard_backend();
 #if FLASHTILE_WITH_CUDA
 BackendEntry make_cuda_naive_backend();
 BackendEntry make_cuda_tiled_backend();
+BackendEntry make_cuda_mma_backend();
 #endif
 
 const std::vector<BackendEntry>& backend_registry() {
@@ -17,6 +18,7 @@ const std::vector<BackendEntry>& backend_registry() {
 #if FLASHTILE_WITH_CUDA
     entries.push_back(make_cuda_naive_backend());
     entries.push_back(make_cuda_tiled_backend());
+    entries.push_back(make_cuda_mma_backend());
 #endif
     return entries;
   }();

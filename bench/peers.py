@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""flashtile beside PyTorch SDPA's kernels on the field's forward grid, in one run.
+
+Grid (../shared/ANCHORS.md): 16k tokens (batch = 16384 / seqlen), hidden 2048
+(heads = 2048 / head_dim), seqlen 512..16k, head_dim 64/128/256, causal and not,
+bf16 and fp16. FLOPs = 4·b·s²·h·d, halved when causal.
+
+Peers: torch.nn.functional.scaled_dot_product_attention restricted with
+torch.nn.attention.sdpa_kernel to FLASH_ATTENTION (FlashAttention-2), CUDNN_ATTENTION and
+EFFICIENT_ATTENTION, each timed with triton.testing.do_bench (median, after its warm-up),
+or CUDA events when Triton is missing. Inputs are BSHD in memory, as flashtile's are.
+
+flashtile: the CLI (`flashtile bench --sweep --dtype D --backends B --json F`) when
+--cli is given, else the sweep driver bench/mma_sweep.cpp (--sweep-bin); both write the
+same JSON list. Prints the ratio table and writes peers.csv / peers.json to --out.
+
+  python3 bench/peers.py --sweep-bin build/flashtile_mma_sweep --out results/
+"""
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+TOKENS, HIDDEN = 16384, 2048
+PEERS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+JSON_DTYPES = {"bfloat16": "bf16", "float16": "f16", "bf16": "bf16", "f16": "f16"}
+
+
+def flops(b, s, h, d, causal):
+    return 4.0 * b * s * s * h * d / (2.0 if causal else 1.0)
+
+
+def median_ms(fn, warmup_ms, rep_ms):
+    try:
+        import triton.testing
+
+        return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+    except ImportError:
+        for _ in range(5):
+            fn()
+        times = []
+        for _ in range(30):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop))
+        return sorted(times)[len(times) // 2]
+
+
+def run_peers(args):
+    rows = []
+    for dtype in args.dtype:
+        for d in args.head_dims:
+            for causal in args.causal:
+                for s in args.seqlens:
+                    b, h = TOKENS // s, HIDDEN // d
+                    gen = torch.Generator(device="cuda").manual_seed(0)
+
+                    def make():
+                        # BSHD storage, viewed as SDPA's (b, h, s, d).
+                        x = torch.rand(b, s, h, d, device="cuda", dtype=TORCH_DTYPES[dtype],
+                                       generator=gen) * 2 - 1
+                        return x.transpose(1, 2)
+
+                    q, k, v = make(), make(), make()
+                    for name in args.peers:
+                        with sdpa_kernel([PEERS[name]]):
+                            fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                            try:
+                                ms = median_ms(fn, args.warmup_ms, args.rep_ms)
+                            except RuntimeError as e:  # backend refuses the shape
+                                print(f"  {name} refused {dtype} d={d} s={s}: {str(e)[:80]}",
+                                      file=sys.stderr)
+                                continue
+                        tf = flops(b, s, h, d, causal) / (ms * 1e-3) / 1e12
+                        rows.append(dict(impl=name, dtype=dtype, head_dim=d, causal=causal,
+                                         seqlen=s, batch=b, heads=h, ms=ms, tflops=tf))
+                        print(f"{name:10s} {dtype:4s} d={d:<3d} {'causal' if causal else 'full':6s} "
+                              f"s={s:<6d} {ms:8.3f} ms {tf:7.1f} TFLOP/s", file=sys.stderr,
+                              flush=True)
+                    del q, k, v
+                    torch.cuda.empty_cache()
+    return rows
+
+
+def run_flashtile(args):
+    rows = []
+    for dtype in args.dtype:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "flashtile.json")
+            if args.cli:
+                cmd = [args.cli, "bench", "--sweep", "--dtype", dtype, "--backends", args.backend,
+                       "--json", out]
+            else:
+                cmd = [args.sweep_bin, "--dtype", dtype, "--backend", args.backend,
+                       "--head-dims", ",".join(map(str, args.head_dims)),
+                       "--seqlens", ",".join(map(str, args.seqlens)),
+                       "--causal", ",".join("1" if c else "0" for c in args.causal),
+                       "--json", out]
+            print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+            subprocess.run(cmd, check=True)
+            with open(out) as f:
+                for r in json.load(f):
+                    s, d = r["seqlen_q"], r["head_dim"]
+                    if s not in args.seqlens or d not in args.head_dims:
+                        continue
+                    rows.append(dict(impl="flashtile:" + r["backend"],
+                                     dtype=JSON_DTYPES.get(r["dtype"], r["dtype"]), head_dim=d,
+                                     causal=bool(r["causal"]), seqlen=s, batch=r["batch"],
+                                     heads=r["heads"], ms=r["ms"], tflops=r["tflops"],
+                                     max_abs_err=r.get("max_abs_err")))
+    return rows
+
+
+def ratio_table(rows, ours):
+    index = {(r["impl"], r["dtype"], r["head_dim"], r["causal"], r["seqlen"]): r for r in rows}
+    keys = sorted({(r["dtype"], r["head_dim"], r["causal"], r["seqlen"]) for r in rows})
+    lines = [f"{'dtype':5s} {'d':>3s} {'causal':6s} {'seqlen':>6s} | {'flashtile':>9s} {'flash':>7s} "
+             f"{'cudnn':>7s} {'effic':>7s} | {'/flash':>6s} {'/cudnn':>6s}   (TFLOP/s)"]
+    table = []
+    for key in keys:
+        get = lambda impl: index.get((impl,) + key, {}).get("tflops")
+        ft, fa, cd, ef = get(ours), get("flash"), get("cudnn"), get("efficient")
+        r_fa = ft / fa if ft and fa else None
+        r_cd = ft / cd if ft and cd else None
+        table.append(dict(dtype=key[0], head_dim=key[1], causal=key[2], seqlen=key[3],
+                          flashtile=ft, flash=fa, cudnn=cd, efficient=ef, vs_flash=r_fa,
+                          vs_cudnn=r_cd))
+        fmt = lambda x, w, p=1: f"{x:{w}.{p}f}" if x is not None else " " * (w - 1) + "-"
+        lines.append(f"{key[0]:5s} {key[1]:3d} {'yes' if key[2] else 'no':6s} {key[3]:6d} | "
+                     f"{fmt(ft, 9)} {fmt(fa, 7)} {fmt(cd, 7)} {fmt(ef, 7)} | "
+                     f"{fmt(r_fa, 6, 2)} {fmt(r_cd, 6, 2)}")
+    return "\n".join(lines), table
+
+
+def main():
+    ints = lambda s: [int(x) for x in s.split(",")]
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--dtype", type=lambda s: s.split(","), default=["bf16", "f16"])
+    p.add_argument("--head-dims", type=ints, default=[64, 128, 256])
+    p.add_argument("--seqlens", type=ints, default=[512, 1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--causal", type=lambda s: [bool(int(x)) for x in s.split(",")],
+                   default=[False, True])
+    p.add_argument("--peers", type=lambda s: s.split(","), default=list(PEERS))
+    p.add_argument("--backend", default="cuda_mma")
+    p.add_argument("--cli", help="path of the flashtile CLI (uses `bench --sweep`)")
+    p.add_argument("--sweep-bin", default="build/flashtile_mma_sweep")
+    p.add_argument("--warmup-ms", type=float, default=25)
+    p.add_argument("--rep-ms", type=float, default=75)
+    p.add_argument("--out", default="bench/results")
+    args = p.parse_args()
+
+    os.makedirs(args.out, exist_ok=True)
+    env = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
+               cuda=torch.version.cuda)
+    print(f"device {env['device']}, torch {env['torch']}, CUDA {env['cuda']}", file=sys.stderr)
+    rows = run_peers(args) + run_flashtile(args)
+    text, table = ratio_table(rows, "flashtile:" + args.backend)
+    with open(os.path.join(args.out, "peers.json"), "w") as f:
+        json.dump(dict(env=env, rows=rows, ratios=table), f, indent=1)
+    with open(os.path.join(args.out, "peers.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0].keys()))
+        w.writeheader()
+        w.writerows(table)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+// Tile sizes of cuda_mma, one configuration per specialised head dim. Every choice below
+// stays within 99 KB of shared memory per CTA (the opt-in limit of sm_86/sm_89, e.g. the
+// write-up's RTX 4050), which also lets two CTAs share an sm_80/sm_90 multiprocessor.
+// MmaConfig<kHeadDim, kBlockM, kBlockN, kNWarps, kStages, kQInRegs, kMinBlocks>.
+#pragma once
+
+#include "cuda/03_mma/kernel.cuh"
+
+namespace flashtile::detail::mma {
+
+// The head dims that have their own kernel; any other multiple of 8 runs on the next one up.
+inline constexpr int kSpecialisedHeadDims[] = {64, 96, 128, 256};
+
+template <int kHeadDim>
+struct MmaTraits;
+
+// Measurement behind each choice: bench/mma_variants.cu on the H200 (bf16, 16k tokens,
+// hidden 2048, seqlen 1k/4k/16k, causal and not; 2026-12-01, second device run, after the
+// per-tile instruction trims). TFLOP/s at seqlen 16k, non-causal / causal:
+//  d=64 : M128 N128 4 warps, Q re-read from smem (FA2's sm80 shape)   293 / 280  <- chosen
+//         M64  N128 4 warps, Q in registers, 3 CTAs/SM                 276 / 268
+//         M128 N128 8 warps (16 rows each), capped at 128 registers    274 / 265
+//         M128 N64  4 warps, Q in registers (first default)            264 / 254
+//         M128 N128 8 warps, one CTA/SM                                 235 / 238
+//  d=128: M128 N64  4 warps, Q re-read from smem (FA2's sm80 shape)   346 / 322  <- chosen
+//         M128 N128 8 warps, Q in registers, one CTA/SM                 293 / 299
+//         M128 N32  4 warps                                             287 / 263
+//         M128 N64  8 warps, Q in registers                             262 / 264
+//  d=256: M64  N32  4 warps, Q re-read from smem                       242 / 245  <- chosen
+//         M128 N32  8 warps                                             237 / 240
+//         M64  N64  4 warps, one CTA/SM (160 KB)                        204 / 208
+//  d=96 : not measured separately; the d=128 shape (its smem rows are padded to 128).
+// Pattern: 32 rows per warp (two m-tiles sharing every K/V fragment) and two CTAs per SM
+// beat 16 rows per warp at any occupancy: ldmatrix traffic per mma halves.
+template <>
+struct MmaTraits<64> : MmaConfig<64, 128, 128, 4, 2, false, 2> {};
+template <>
+struct MmaTraits<96> : MmaConfig<96, 128, 64, 4, 2, false, 2> {};
+template <>
+struct MmaTraits<128> : MmaConfig<128, 128, 64, 4, 2, false, 2> {};
+template <>
+struct MmaTraits<256> : MmaConfig<256, 64, 32, 4, 2, false, 2> {};
+
+// The smallest specialised head dim that holds head_dim (0 when none does).
+constexpr int specialised_head_dim(int64_t head_dim) {
+  for (int d : kSpecialisedHeadDims)
+    if (head_dim <= d) return d;
+  return 0;
+}
+
+template <class T, int kHeadDim>
+void run_mma_forward(const AttentionParams& p, cudaStream_t stream) {
+  launch_mma_forward<T, MmaTraits<kHeadDim>>(p, stream);
+}
+
+// Instantiated once per head dim in hdim<D>.cu (so the four compile in parallel) and
+// nowhere else: the dispatcher only sees these declarations.
+#define FLASHTILE_MMA_INSTANTIATIONS(prefix, D)                                       \
+  prefix template void run_mma_forward<__half, D>(const AttentionParams&, cudaStream_t); \
+  prefix template void run_mma_forward<__nv_bfloat16, D>(const AttentionParams&, cudaStream_t);
+FLASHTILE_MMA_INSTANTIATIONS(extern, 64)
+FLASHTILE_MMA_INSTANTIATIONS(extern, 96)
+FLASHTILE_MMA_INSTANTIATIONS(extern, 128)
+FLASHTILE_MMA_INSTANTIATIONS(extern, 256)
+
+}  // namespace flashtile::detail::mma
