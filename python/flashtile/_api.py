@@ -85,6 +85,8 @@ class _Call:
         if torch is not None and isinstance(x, torch.Tensor):
             # flashtile.attention is forward-only; flashtile.torch's op carries autograd.
             return x.detach()
+        if self.framework == "dlpack" and hasattr(x, "block_until_ready"):
+            x.block_until_ready()  # JAX: we read its memory from outside its streams
         return x
 
     def device(self):
@@ -154,11 +156,10 @@ class _Call:
 
 def _dtype_name(x) -> str:
     """'float32' / 'float16' / 'bfloat16' for any array flashtile accepts."""
-    name = str(x.dtype)
-    for candidate in ("bfloat16", "float16", "float32"):
-        if name.endswith(candidate):
-            return candidate
-    raise TypeError(f"flashtile.attention: q.dtype must be {_SUPPORTED}, got {name}")
+    name = str(x.dtype).rsplit(".", 1)[-1]  # torch.float32 -> float32
+    if name not in ("float32", "float16", "bfloat16"):
+        raise TypeError(f"flashtile.attention: q.dtype must be {_SUPPORTED}, got {name}")
+    return name
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
