@@ -48,7 +48,6 @@ std::string dtype_string(nb::dlpack::dtype dt) {
     case nb::dlpack::dtype_code::Float: kind = "float"; break;
     case nb::dlpack::dtype_code::Bfloat: kind = "bfloat"; break;
     case nb::dlpack::dtype_code::Complex: kind = "complex"; break;
-    case nb::dlpack::dtype_code::Bool: kind = "bool"; break;
     default: break;
   }
   return kind + std::to_string(dt.bits);

@@ -118,6 +118,27 @@ def test_attention_runs_on_current_stream():
 
 
 @pytest.mark.skipif(not _cuda_backend_available(), reason="needs CUDA")
+def test_attention_passes_current_stream(monkeypatch):
+    # torch's __dlpack__ makes its default stream wait for the current one, which hides a
+    # wrong stream from the test above: check the handle handed to the library as well.
+    import flashtile._api as api
+    seen = []
+    forward = api._flashtile.forward
+
+    def spy(*args):
+        seen.append(args[8])  # the stream argument
+        return forward(*args)
+
+    monkeypatch.setattr(api._flashtile, "forward", spy)
+    q, k, v = case(1, 16, 16, 2, 2, 64, "cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        flashtile.attention(q, k, v)
+    stream.synchronize()
+    assert seen == [stream.cuda_stream] and stream.cuda_stream != 0
+
+
+@pytest.mark.skipif(not _cuda_backend_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_attention_half_precision_cuda(dtype):
     q, k, v = case(2, 130, 257, 8, 2, 128, "cuda", dtype)
