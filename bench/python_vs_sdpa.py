@@ -96,15 +96,17 @@ def plot(rows, path, title):
     fig, axes = plt.subplots(1, len(causal_values), figsize=(6 * len(causal_values), 4.5),
                              squeeze=False, sharey=True)
     for ax, causal in zip(axes[0], causal_values):
-        for head_dim in sorted({r["head_dim"] for r in rows}):
+        for i, head_dim in enumerate(sorted({r["head_dim"] for r in rows})):
+            color = f"C{i}"  # one colour per head_dim: solid flashtile, dashed SDPA
             sel = [r for r in rows if r["causal"] == causal and r["head_dim"] == head_dim]
             seqlens = [r["seqlen"] for r in sel]
-            ax.plot(seqlens, [r["sdpa_tflops"] for r in sel], "s--",
+            ax.plot(seqlens, [r["sdpa_tflops"] for r in sel], "s--", color=color,
                     label=f"torch SDPA, d={head_dim}")
             ours = [r for r in sel if "flashtile_tflops" in r]
             if ours:
                 ax.plot([r["seqlen"] for r in ours], [r["flashtile_tflops"] for r in ours],
-                        "o-", label=f"flashtile [{ours[0]['flashtile_backend']}], d={head_dim}")
+                        "o-", color=color,
+                        label=f"flashtile [{ours[0]['flashtile_backend']}], d={head_dim}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("seqlen (batch x seqlen = 16k tokens, hidden 2048)")
         ax.set_title(f"{'causal' if causal else 'non-causal'}")
@@ -128,8 +130,15 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--png", help="plot TFLOP/s against seqlen here")
+    parser.add_argument("--from-json", help="only re-plot the rows of an earlier --json")
     args = parser.parse_args(argv)
     args.causal = [bool(c) for c in args.causal]
+    if args.from_json:
+        with open(args.from_json) as f:
+            recorded = json.load(f)
+        plot(recorded["rows"], args.png or "python_vs_sdpa.png",
+             f"flashtile vs torch SDPA, {recorded['rows'][0]['dtype']}, {recorded['device']}")
+        return
     if not torch.cuda.is_available():
         sys.exit("python_vs_sdpa.py needs a CUDA device")
     device = torch.cuda.get_device_name()

@@ -21,30 +21,34 @@ def _flashtile_cuda():
     return any(b.device == "cuda" and b.available for b in flashtile.backends().values())
 
 
-def _jax_devices():
+def _jax_platforms():
     jax = pytest.importorskip("jax")
-    devices = [jax.devices("cpu")[0]]
+    platforms = ["cpu"]
     if _flashtile_cuda():
         try:
-            devices.append(jax.devices("gpu")[0])
+            jax.devices("gpu")
+            platforms.append("gpu")
         except RuntimeError:
             pass
-    return jax, devices
+    return platforms
 
 
-def test_jax_arrays(rng):
-    jax, devices = _jax_devices()
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_jax_arrays(rng, platform):
+    if platform not in _jax_platforms():
+        pytest.skip(f"no JAX {platform} device with a flashtile backend")
+    import jax
+    device = jax.devices(platform)[0]
     q, k, v = random_case(rng, 2, 31, 45, 4, 2, 64)
     ref_out, ref_lse = reference_attention(q, k, v, causal=True)
-    for device in devices:
-        qj, kj, vj = (jax.device_put(x, device) for x in (q, k, v))
-        out, lse = flashtile.attention(qj, kj, vj, causal=True, return_lse=True)
-        assert isinstance(out, jax.Array) and isinstance(lse, jax.Array), device
-        assert out.devices() == {device} and out.dtype == np.float32
-        assert max_rel_error(np.asarray(out), ref_out) <= 1e-5, device
-        assert max_rel_error(np.asarray(lse), ref_lse) <= 1e-5, device
-        # The result is an ordinary array of its framework.
-        assert float(jax.numpy.abs(out - qj.mean()).sum()) > 0
+    qj, kj, vj = (jax.device_put(x, device) for x in (q, k, v))
+    out, lse = flashtile.attention(qj, kj, vj, causal=True, return_lse=True)
+    assert isinstance(out, jax.Array) and isinstance(lse, jax.Array), (type(out), type(lse))
+    assert out.devices() == {device} and out.dtype == np.float32, (out.devices(), out.dtype)
+    assert max_rel_error(np.asarray(out), ref_out) <= 1e-5
+    assert max_rel_error(np.asarray(lse), ref_lse) <= 1e-5
+    # The result is an ordinary array of its framework.
+    assert float(jax.numpy.abs(out - qj.mean()).sum()) > 0
 
 
 def test_cupy_arrays(rng):
