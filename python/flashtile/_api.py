@@ -9,7 +9,7 @@ framework of `q`, how outputs are allocated and which CUDA stream the kernel run
   CuPy        cupy.empty                         cupy.cuda.get_current_stream()
   other       a flashtile-owned buffer, handed   legacy default stream, then a device
   (JAX...)    over with the framework's          synchronisation (we cannot know the
-              from_dlpack                        framework's stream)
+              from_dlpack, no copy               framework's stream)
 """
 
 from __future__ import annotations
@@ -121,13 +121,7 @@ class _Call:
                 array = cupy.empty(shape, dtype=dtype)
             return array, array
         # Any other DLPack producer (JAX...): we own the memory and hand it over afterwards.
-        if device == "cuda":
-            array = _flashtile.empty_cuda(list(shape), dtype, index)
-        elif dtype == "bfloat16":
-            array = np.empty(shape, dtype=_ml_bfloat16() or np.uint16)
-            return array, array.view(np.uint16)
-        else:
-            array = np.empty(shape, dtype=dtype)
+        array = _flashtile.empty(list(shape), dtype, device, index)
         return array, array
 
     def stream(self) -> int:

@@ -14,6 +14,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -164,24 +165,41 @@ std::string plan(nb::ndarray<nb::ro> q, nb::ndarray<nb::ro> k, nb::ndarray<nb::r
           .backend));
 }
 
-// A C-contiguous CUDA array that owns its cudaMalloc memory, for frameworks whose arrays
-// cannot be allocated empty and written (JAX): the caller imports it with from_dlpack.
-nb::ndarray<> empty_cuda(std::vector<size_t> shape, std::string_view dtype_name, int device) {
+// A C-contiguous array that owns its memory (cudaMalloc on a CUDA device, else 64-byte
+// aligned host memory), for frameworks whose arrays cannot be allocated empty and written
+// (JAX). It is returned as an object with __dlpack__/__dlpack_device__, which the caller's
+// framework imports without a copy (from_dlpack).
+nb::ndarray<nb::array_api> empty(std::vector<size_t> shape, std::string_view dtype_name,
+                                 std::string_view device_type, int device) {
   const std::optional<DType> dtype = flashtile::parse_dtype(dtype_name);
   if (!dtype) fail(ErrorKind::dtype, "unknown dtype '", std::string(dtype_name), "'");
-  size_t count = 1;
-  for (size_t extent : shape) count *= extent;
-  auto* buffer = new flashtile::DeviceBuffer(count * flashtile::dtype_size(*dtype), device);
-  nb::capsule owner(buffer, [](void* p) noexcept {
-    delete static_cast<flashtile::DeviceBuffer*>(p);
-  });
+  size_t bytes = flashtile::dtype_size(*dtype);
+  for (size_t extent : shape) bytes *= extent;
+  void* data = nullptr;
+  nb::capsule owner;
+  int dlpack_device = nb::device::cpu::value;
+  if (device_type == "cuda") {
+    auto* buffer = new flashtile::DeviceBuffer(bytes, device);
+    data = buffer->data();
+    owner = nb::capsule(buffer, [](void* p) noexcept {
+      delete static_cast<flashtile::DeviceBuffer*>(p);
+    });
+    dlpack_device = nb::device::cuda::value;
+  } else {
+    constexpr size_t kAlign = 64;
+    data = ::operator new((bytes + kAlign - 1) / kAlign * kAlign + kAlign, std::align_val_t(kAlign));
+    owner = nb::capsule(data, [](void* p) noexcept {
+      ::operator delete(p, std::align_val_t(kAlign));
+    });
+    device = 0;
+  }
   nb::dlpack::dtype dt{};
   dt.code = static_cast<uint8_t>(*dtype == DType::bf16 ? nb::dlpack::dtype_code::Bfloat
                                                         : nb::dlpack::dtype_code::Float);
   dt.bits = static_cast<uint8_t>(8 * flashtile::dtype_size(*dtype));
   dt.lanes = 1;
-  return nb::ndarray<>(buffer->data(), shape.size(), shape.data(), owner, nullptr, dt,
-                       nb::device::cuda::value, device);
+  return nb::ndarray<nb::array_api>(data, shape.size(), shape.data(), owner, nullptr, dt,
+                                    dlpack_device, device);
 }
 
 // (name, device, available, reason) for every backend, in journey order.
@@ -219,7 +237,7 @@ NB_MODULE(_flashtile, m) {
         "Writes attention(q, k, v) into out (and lse); all BSHD views, nothing copied.");
   m.def("plan", &plan, "q"_a, "k"_a, "v"_a, "out"_a, "causal"_a, "scale"_a.none(), "backend"_a,
         "uint16_is_bf16"_a, "Name of the backend forward would run (or the error it would raise).");
-  m.def("empty_cuda", &empty_cuda, "shape"_a, "dtype"_a, "device"_a);
+  m.def("empty", &empty, "shape"_a, "dtype"_a, "device_type"_a, "device"_a);
   m.def("backends", &backends);
   m.def("cuda_device_count", &flashtile::cuda_device_count);
   m.def("cuda_synchronize", &flashtile::cuda_synchronize, "device"_a,
