@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """flashtile.attention against torch SDPA, both called from Python on the same CUDA tensors.
 
-Grid (the field's convention, see docs ANCHORS): 16k tokens per batch (batch = 16384 /
+Grid (FlashAttention's benchmark convention): 16k tokens per batch (batch = 16384 /
 seqlen), hidden 2048 (heads = 2048 / head_dim). FLOPs = 4 * batch * seqlen^2 * heads *
 head_dim, halved when causal. Each point: warm-up, then the median of CUDA-event timings.
 Both sides read the same memory: flashtile the BSHD tensors, SDPA their BHSD views (the
