@@ -1,0 +1,1 @@
+"""Integrations of flashtile with other libraries (imported on demand)."""
