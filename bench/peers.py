@@ -10,11 +10,11 @@ torch.nn.attention.sdpa_kernel to FLASH_ATTENTION (FlashAttention-2), CUDNN_ATTE
 EFFICIENT_ATTENTION, each timed with triton.testing.do_bench (median, after its warm-up),
 or CUDA events when Triton is missing. Inputs are BSHD in memory, as flashtile's are.
 
-flashtile: the CLI (`flashtile bench --sweep --dtype D --backends B --json F`) when
---cli is given, else the sweep driver bench/mma_sweep.cpp (--sweep-bin); both write the
-same JSON list. Prints the ratio table and writes peers.csv / peers.json to --out.
+flashtile: the CLI's `flashtile bench --sweep ... --output F.json` (every row checked
+against the oracle on sampled rows before it is timed). Prints the ratio table and writes
+peers.csv / peers.json to --out.
 
-  python3 bench/peers.py --sweep-bin build/flashtile_mma_sweep --out results/
+  python3 bench/peers.py --cli build/tools/flashtile --out bench/results
 """
 import argparse
 import csv
@@ -102,15 +102,11 @@ def run_flashtile(args):
     for dtype in args.dtype:
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "flashtile.json")
-            if args.cli:
-                cmd = [args.cli, "bench", "--sweep", "--dtype", dtype, "--backends", args.backend,
-                       "--json", out]
-            else:
-                cmd = [args.sweep_bin, "--dtype", dtype, "--backend", args.backend,
-                       "--head-dims", ",".join(map(str, args.head_dims)),
-                       "--seqlens", ",".join(map(str, args.seqlens)),
-                       "--causal", ",".join("1" if c else "0" for c in args.causal),
-                       "--json", out]
+            cmd = [args.cli, "bench", "--sweep", "--dtype", dtype, "--backends", args.backend,
+                   "--sweep-head-dims", ",".join(map(str, args.head_dims)),
+                   "--sweep-seqlens", ",".join(map(str, args.seqlens)),
+                   "--sweep-causal", ",".join("1" if c else "0" for c in args.causal),
+                   "--output", out]
             print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
             subprocess.run(cmd, check=True)
             with open(out) as f:
@@ -157,8 +153,8 @@ def main():
                    default=[False, True])
     p.add_argument("--peers", type=lambda s: s.split(","), default=list(PEERS))
     p.add_argument("--backend", default="cuda_mma")
-    p.add_argument("--cli", help="path of the flashtile CLI (uses `bench --sweep`)")
-    p.add_argument("--sweep-bin", default="build/flashtile_mma_sweep")
+    p.add_argument("--cli", default="build/tools/flashtile",
+                   help="path of the flashtile CLI (uses `bench --sweep`)")
     p.add_argument("--warmup-ms", type=float, default=25)
     p.add_argument("--rep-ms", type=float, default=75)
     p.add_argument("--out", default="bench/results")
