@@ -28,14 +28,27 @@ step configure cmake -S . -B $build -G Ninja -DCMAKE_PREFIX_PATH="$deps" \
   -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" ${CMAKE_EXTRA:-} || exit 1
 step build ninja -C $build || exit 1
 step cuda_tests $build/tests/flashtile_cuda_tests
+step cuda_mma_tests $build/tests/flashtile_cuda_mma_tests
 step cpu_tests $build/tests/flashtile_cpu_tests
-FLASHTILE_SMALL_GRID=1 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
-  $build/tests/flashtile_cuda_tests --gtest_filter="${SANITIZER_FILTER:-*MatchesOracle*:*Unsupported*}"
-FLASHTILE_SMALL_GRID=1 step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 \
-  $build/tests/flashtile_cuda_tests --gtest_filter="${SANITIZER_FILTER:-*MatchesOracle*}"
+# Sanitizers on the oracle grids without the 1023/1025 lengths (FLASHTILE_SMALL_GRID).
+for tool in memcheck racecheck; do
+  FLASHTILE_SMALL_GRID=1 step $tool compute-sanitizer --tool $tool --error-exitcode 1 \
+    $build/tests/flashtile_cuda_tests --gtest_filter="*MatchesOracle*:*Unsupported*"
+  FLASHTILE_SMALL_GRID=1 step ${tool}_mma compute-sanitizer --tool $tool --error-exitcode 1 \
+    $build/tests/flashtile_cuda_mma_tests \
+    --gtest_filter="Dtypes/CudaMmaGrid.MatchesOracle/bfloat16:CudaMma.OtherHeadDims*:CudaMma.Refuses*"
+done
 step check $build/tools/flashtile check
 TAIL=12 step bench $build/tools/flashtile bench
 TAIL=12 step bench_long $build/tools/flashtile bench --seqlen 131072 --repeats 3 --warmup 1 \
   --backends cpu_standard,cuda_naive,cuda_tiled
+if [ -z "${SKIP_PYTHON:-}" ]; then
+  # The Python package against the image's torch/transformers (no network: no isolation).
+  step pip_install python3 -m pip install --no-build-isolation --no-deps . \
+    -Ccmake.define.CMAKE_PREFIX_PATH="$deps" -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90a
+  for f in tests/python/test_*.py; do  # one process per file: a crash cannot hide the rest
+    step "pytest_$(basename "$f" .py)" python3 -m pytest "$f" -q -rs -p no:cacheprovider
+  done
+fi
 echo "gpu-check: $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
 exit $status
