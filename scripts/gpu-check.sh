@@ -2,11 +2,13 @@
 # One device call on the GPU machine: build, every GPU test, compute-sanitizer memcheck and
 # racecheck, `flashtile check`, the default `flashtile bench`, and the long-sequence run.
 # Usage (from the repo root, with .device/ carried: see scripts/stage-device-deps.sh):
-#   scripts/gpu-check.sh [LOG_DIR]        # LOG_DIR defaults to $OUT, else ./gpu-check-logs
+#   scripts/gpu-check.sh [LOG_DIR]        # LOG_DIR defaults to ./gpu-check-logs
+# Under the device tool ($OUT set) the logs also come back as $OUT/gpu-check-logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-logs=${1:-${OUT:-gpu-check-logs}}
+logs=${1:-gpu-check-logs}
 mkdir -p "$logs"
+trap '[ -n "${OUT:-}" ] && tar czf "$OUT/gpu-check-logs.tgz" "$logs"' EXIT
 build=build-gpu
 deps=$PWD/.device/deps
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
