@@ -22,13 +22,19 @@
 HWY_BEFORE_NAMESPACE();
 namespace flashtile::detail::cpu_flash::HWY_NAMESPACE {
 
-// One key block through the Q·Kᵀ micro-kernel: st (kBlockN, kBlockM) = k (kBlockN, d) · qt.
-void QkOnce(const float* k, const float* qt, float* st, int64_t d) {
-  QkBlock(k, d, Tiles::kBlockN, qt, d, st);
+// One key block through the Q·Kᵀ micro-kernel: st (kBlockN, kBlockM) = k (kBlockN, d) · qt,
+// with the block-max epilogue and no mask (the common case).
+void QkOnce(const float* k, const float* qt, float* st, float* bmax, int64_t d) {
+  constexpr int kKeys = Tiles::kQkKeys, kVecs = Tiles::kQkQueryVecs;
+  for (int64_t i = 0; i < Tiles::kBlockM; i += kVecs * kLanes)
+    for (int64_t j = 0; j < Tiles::kBlockN; j += kKeys)
+      QkTile<kKeys, kVecs>(k + j * d, d, qt + i, d, st + j * Tiles::kBlockM + i, bmax + i,
+                           nullptr);
 }
 // One key block through the P·V micro-kernel: o (kBlockM, d) = alpha·o + P·v.
 void PvOnce(const float* pt, const float* v, const float* alpha, float* o, int64_t d) {
-  PvBlock(pt, Tiles::kBlockN, v, Scratch::padded_dim(d), alpha, o, Scratch::padded_dim(d));
+  PvBlock(pt, [](int64_t) { return Tiles::kBlockN; }, v, Scratch::padded_dim(d), alpha, o,
+          Scratch::padded_dim(d));
 }
 void HwyExp(const float* x, float* y, size_t n) {
   const DF df;
@@ -65,17 +71,17 @@ hwy::AlignedFreeUniquePtr<float[]> random_floats(size_t n, float lo, float hi) {
   return data;
 }
 
-// Buffers sized for the largest tiles of any target (96 query rows, 64 keys, d + 16).
-constexpr int64_t kRows = 96, kKeys = 64, kMaxPad = 16;
+// Buffers sized for the largest tiles of any target (192 query rows, 64 keys, d + 16).
+constexpr int64_t kRows = 192, kKeys = 64, kMaxPad = 16;
 
 void qk(benchmark::State& state, std::string target) {
   force_target(target);
   const int64_t d = state.range(0);
   const Geometry g = geometry(d);
   auto k = random_floats(kKeys * d, -1, 1), qt = random_floats(d * kRows, -1, 1);
-  auto st = random_floats(kKeys * kRows, 0, 0);
+  auto st = random_floats(kKeys * kRows, 0, 0), bmax = random_floats(kRows, -1, -1);
   for (auto _ : state) {
-    HWY_DYNAMIC_DISPATCH(QkOnce)(k.get(), qt.get(), st.get(), d);
+    HWY_DYNAMIC_DISPATCH(QkOnce)(k.get(), qt.get(), st.get(), bmax.get(), d);
     benchmark::DoNotOptimize(st[0]);
     benchmark::ClobberMemory();
   }

@@ -65,7 +65,7 @@ void run_flash(const AttentionParams& p) {
   if (!scratch) throw Error(ErrorKind::runtime, "cpu_flash: out of memory for its scratch");
 
   const int64_t heads = p.heads_q, batch_heads = p.batch * heads;
-  const int64_t tasks = batch_heads * query_blocks(p, g);
+  const int64_t blocks = query_blocks(p, g), tasks = batch_heads * blocks;
 #pragma omp parallel num_threads(threads)
   {
     float* mine = scratch.get() + omp_get_thread_num() * g.scratch_floats;
@@ -75,8 +75,7 @@ void run_flash(const AttentionParams& p) {
     // thread runs it, so the output is bitwise the same for any thread count.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t qb = query_blocks(p, g) - 1 - t / batch_heads;
-      const int64_t bh = t % batch_heads;
+      const int64_t bh = t / blocks, qb = blocks - 1 - t % blocks;
       kernel(p, bh / heads, bh % heads, qb, mine);
     }
   }

@@ -44,7 +44,7 @@ bool force_target(const std::string& name);
 // y[i] = the kernels' vectorised exp(x[i]).
 void vector_exp(const float* x, float* y, size_t n);
 // The kernels' lane-wise online-softmax step over a block of scores laid out as
-// scores[j * rows + r] (key j, query row r; rows a multiple of the vector width):
+// scores[j * rows + r] (key j, query row r; rows a multiple of `lanes`):
 // rescales m[r], l[r] (returning alpha[r]) and turns scores into probabilities in place.
 void online_softmax_lanes(float* scores, int64_t keys, int64_t rows, float* m, float* l,
                           float* alpha);
