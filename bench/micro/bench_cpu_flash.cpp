@@ -49,7 +49,12 @@ HWY_AFTER_NAMESPACE();
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
+#include <array>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "cpu/flash.hpp"
 #include "flashtile/flashtile.hpp"
@@ -147,30 +152,64 @@ void forward_bench(benchmark::State& state, Backend backend) {
 }  // namespace
 }  // namespace flashtile::detail::cpu_flash
 
+// --forward_case=N,d,causal,threads,heads (repeatable) replaces the default forward cases,
+// e.g. for bench/cpu_vs_torch.py when no flashtile CLI is built.
+std::vector<std::array<int64_t, 5>> take_forward_cases(int& argc, char** argv) {
+  std::vector<std::array<int64_t, 5>> cases;
+  const std::string flag = "--forward_case=";
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind(flag, 0) != 0) {
+      argv[kept++] = argv[i];
+      continue;
+    }
+    std::array<int64_t, 5> c{};
+    if (std::sscanf(arg.c_str() + flag.size(), "%ld,%ld,%ld,%ld,%ld", &c[0], &c[1], &c[2], &c[3],
+                    &c[4]) != 5) {
+      std::fprintf(stderr, "bad %s (expected N,d,causal,threads,heads)\n", arg.c_str());
+      std::exit(2);
+    }
+    cases.push_back(c);
+  }
+  argc = kept;
+  return cases;
+}
+
 int main(int argc, char** argv) {
   namespace cf = flashtile::detail::cpu_flash;
-  for (const std::string& target : cf::available_targets()) {
-    benchmark::RegisterBenchmark(("qk/" + target).c_str(), cf::qk, target)
-        ->Arg(64)->Arg(128)->Arg(256);
-    benchmark::RegisterBenchmark(("pv/" + target).c_str(), cf::pv, target)
-        ->Arg(64)->Arg(128)->Arg(256);
-    benchmark::RegisterBenchmark(("exp/" + target).c_str(), cf::exp_bench<false>, target);
-    benchmark::RegisterBenchmark(("hwy_exp/" + target).c_str(), cf::exp_bench<true>, target);
-  }
-  const int all = omp_get_max_threads();
-  for (int threads : {1, all}) {
-    for (int causal : {0, 1}) {
-      benchmark::RegisterBenchmark("forward/cpu_flash", cf::forward_bench,
-                                   flashtile::Backend::cpu_flash)
-          ->Args({4096, 64, causal, threads, 8})->Args({1024, 64, causal, threads, 1})
-          ->Unit(benchmark::kMillisecond)->UseRealTime();
+  std::vector<std::array<int64_t, 5>> forward_cases = take_forward_cases(argc, argv);
+  const bool custom = !forward_cases.empty();
+  if (!custom) {
+    const int64_t all = omp_get_max_threads();
+    for (int64_t threads : {int64_t(1), all}) {
+      for (int64_t causal : {0, 1}) {
+        forward_cases.push_back({4096, 64, causal, threads, 8});
+        forward_cases.push_back({1024, 64, causal, threads, 1});
+      }
+      if (all == 1) break;
     }
-    if (all == 1) break;
   }
-  // The write-up's baseline on its own case: B=1, H=1, N=1024, d=64, one thread.
-  benchmark::RegisterBenchmark("forward/cpu_standard", cf::forward_bench,
-                               flashtile::Backend::cpu_standard)
-      ->Args({1024, 64, 0, 1, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+  if (!custom) {
+    for (const std::string& target : cf::available_targets()) {
+      benchmark::RegisterBenchmark(("qk/" + target).c_str(), cf::qk, target)
+          ->Arg(64)->Arg(128)->Arg(256);
+      benchmark::RegisterBenchmark(("pv/" + target).c_str(), cf::pv, target)
+          ->Arg(64)->Arg(128)->Arg(256);
+      benchmark::RegisterBenchmark(("exp/" + target).c_str(), cf::exp_bench<false>, target);
+      benchmark::RegisterBenchmark(("hwy_exp/" + target).c_str(), cf::exp_bench<true>, target);
+    }
+  }
+  for (const auto& c : forward_cases)
+    benchmark::RegisterBenchmark("forward/cpu_flash", cf::forward_bench,
+                                 flashtile::Backend::cpu_flash)
+        ->Args({c[0], c[1], c[2], c[3], c[4]})->Unit(benchmark::kMillisecond)->UseRealTime();
+  if (!custom) {
+    // The write-up's baseline on its own case: B=1, H=1, N=1024, d=64, one thread.
+    benchmark::RegisterBenchmark("forward/cpu_standard", cf::forward_bench,
+                                 flashtile::Backend::cpu_standard)
+        ->Args({1024, 64, 0, 1, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
