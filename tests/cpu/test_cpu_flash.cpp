@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include "api/params.hpp"
 #include "common/online_softmax.hpp"
@@ -61,8 +62,16 @@ TEST_P(CpuFlashLowPrecision, Grid) {
 
 TEST_P(CpuFlashLowPrecision, LongSequences) {
   SKIP_WITHOUT_CPU_FLASH();
-  for (const Shape& s : testing::backend_grid({64}, GetParam(), /*large=*/true))
-    if (s.seqlen_q > 1000) expect_passes(s);
+  Shape s;
+  s.heads_q = 2;
+  s.heads_kv = 1;
+  s.dtype = GetParam();
+  for (auto [sq, sk, causal] : {std::tuple{1023, 1025, true}, std::tuple{1025, 1023, false}}) {
+    s.seqlen_q = sq;
+    s.seqlen_k = sk;
+    s.causal = causal;
+    expect_passes(s);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CpuFlashLowPrecision,
@@ -212,6 +221,14 @@ TEST(CpuFlash, EverySimdTargetThisCpuRuns) {
     EXPECT_EQ(std::string(detail::cpu_flash::geometry(64).target), target);
     for (const Shape& s : testing::backend_grid({8, 72}, DType::f32, /*large=*/false))
       expect_passes(s);
+    // Several query and key blocks, the causal diagonal crossing them both ways.
+    for (auto [sq, sk] : {std::pair{400, 333}, std::pair{333, 400}}) {
+      Shape s;
+      s.seqlen_q = sq;
+      s.seqlen_k = sk;
+      s.causal = true;
+      expect_passes(s);
+    }
     Shape s;
     s.seqlen_q = 150;
     s.seqlen_k = 211;
