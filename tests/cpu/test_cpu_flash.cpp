@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <iostream>
 #include <limits>
 #include <random>
 #include <tuple>
@@ -214,6 +215,9 @@ TEST(CpuFlash, EverySimdTargetThisCpuRuns) {
   SKIP_WITHOUT_CPU_FLASH();
   const std::vector<std::string> targets = detail::cpu_flash::available_targets();
   ASSERT_FALSE(targets.empty());
+  std::string names;
+  for (const std::string& t : targets) names += " " + t;
+  std::cout << "cpu_flash SIMD targets on this CPU, best first:" << names << "\n";
   TargetGuard guard;
   for (const std::string& target : targets) {
     SCOPED_TRACE(target);
