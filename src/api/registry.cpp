@@ -5,6 +5,7 @@ namespace flashtile::detail {
 
 BackendEntry make_cpu_reference_backend();
 BackendEntry make_cpu_standard_backend();
+BackendEntry make_cpu_flash_backend();
 #if FLASHTILE_WITH_CUDA
 BackendEntry make_cuda_naive_backend();
 BackendEntry make_cuda_tiled_backend();
@@ -13,8 +14,8 @@ BackendEntry make_cuda_mma_backend();
 
 const std::vector<BackendEntry>& backend_registry() {
   static const std::vector<BackendEntry> registry = [] {
-    std::vector<BackendEntry> entries = {make_cpu_reference_backend(),
-                                         make_cpu_standard_backend()};
+    std::vector<BackendEntry> entries = {make_cpu_reference_backend(), make_cpu_standard_backend(),
+                                         make_cpu_flash_backend()};
 #if FLASHTILE_WITH_CUDA
     entries.push_back(make_cuda_naive_backend());
     entries.push_back(make_cuda_tiled_backend());

@@ -1,0 +1,81 @@
+// cpu_flash SIMD code, compiled once per Highway target (AVX-512, AVX2, SSE4, NEON and a
+// portable fallback) and chosen at run time from what the CPU supports.
+#include "cpu/flash_targets.hpp"
+
+// clang-format off
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/flash_hwy.cpp"
+#include "hwy/foreach_target.h"  // re-includes this file once per target
+// clang-format on
+
+#include "cpu/flash.hpp"
+#include "cpu/flash_kernels-inl.hpp"
+#include "hwy/highway.h"
+
+#if HWY_ONCE
+#include "hwy/targets.h"
+
+namespace flashtile::detail::cpu_flash {
+
+HWY_EXPORT(RunQueryBlock);
+HWY_EXPORT(GetGeometry);
+HWY_EXPORT(VectorExp);
+HWY_EXPORT(OnlineSoftmaxLanes);
+
+namespace {
+// The first dynamic dispatch picks the target; doing it here, once and serially, lets the
+// threads read the chosen function pointer without racing on that choice.
+void choose_target_once() {
+  static const bool chosen = [] {
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    return true;
+  }();
+  (void)chosen;
+}
+}  // namespace
+
+Geometry geometry(int64_t head_dim) {
+  choose_target_once();
+  return HWY_DYNAMIC_DISPATCH(GetGeometry)(head_dim);
+}
+
+QueryBlockFn query_block_kernel() {
+  choose_target_once();
+  return HWY_DYNAMIC_DISPATCH(RunQueryBlock);
+}
+
+std::vector<std::string> available_targets() {
+  std::vector<std::string> names;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets())
+    names.emplace_back(hwy::TargetName(target));
+  return names;
+}
+
+bool force_target(const std::string& name) {
+  choose_target_once();
+  hwy::SetSupportedTargetsForTest(0);  // 0 = back to what the CPU supports
+  int64_t chosen = 0;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets())
+    if (name == hwy::TargetName(target)) chosen = target;
+  if (!name.empty() && chosen == 0) {
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    return false;
+  }
+  if (chosen != 0) hwy::SetSupportedTargetsForTest(chosen);
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+  return true;
+}
+
+void vector_exp(const float* x, float* y, size_t n) {
+  choose_target_once();
+  HWY_DYNAMIC_DISPATCH(VectorExp)(x, y, n);
+}
+
+void online_softmax_lanes(float* scores, int64_t keys, int64_t rows, float* m, float* l,
+                          float* alpha) {
+  choose_target_once();
+  HWY_DYNAMIC_DISPATCH(OnlineSoftmaxLanes)(scores, keys, rows, m, l, alpha);
+}
+
+}  // namespace flashtile::detail::cpu_flash
+#endif  // HWY_ONCE
