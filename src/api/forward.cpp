@@ -155,14 +155,16 @@ const detail::BackendEntry* find_entry(Backend backend) {
 const detail::BackendEntry& choose(const detail::AttentionParams& p, DeviceType device,
                                    Backend requested) {
   if (requested != Backend::automatic) {
+    // Where a backend runs is known even when it is not compiled in, so a device mismatch
+    // is reported the same way in every build.
+    if (backend_device(requested) != device)
+      fail(ErrorKind::invalid_argument, "backend ", backend_name(requested), " runs on ",
+           backend_device(requested) == DeviceType::cpu ? "cpu" : "cuda",
+           " but the tensors are on ", device == DeviceType::cpu ? "cpu" : "cuda");
     const detail::BackendEntry* entry = find_entry(requested);
     if (entry == nullptr)
       fail(ErrorKind::unsupported, "backend ", backend_name(requested),
            " is not compiled into this build");
-    if (entry->device != device)
-      fail(ErrorKind::invalid_argument, "backend ", backend_name(requested), " runs on ",
-           entry->device == DeviceType::cpu ? "cpu" : "cuda", " but the tensors are on ",
-           device == DeviceType::cpu ? "cpu" : "cuda");
     if (std::string why = entry->unavailable_reason(); !why.empty())
       fail(ErrorKind::unsupported, "backend ", backend_name(requested), " is not available: ", why);
     if (std::string why = entry->unsupported_reason(p); !why.empty())

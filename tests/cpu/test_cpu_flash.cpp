@@ -50,7 +50,7 @@ void expect_passes(const Shape& shape, uint32_t seed = 1234) {
 std::pair<std::vector<unsigned char>, std::vector<float>> run_bytes(const Shape& shape) {
   AttentionCase c(shape);
   forward(c.q.view, c.k.view, c.v.view, c.out.view, c.options(Backend::cpu_flash));
-  return {c.out.bytes, c.lse};
+  return {std::vector<unsigned char>(c.out.bytes.begin(), c.out.bytes.end()), c.lse};
 }
 
 class CpuFlashLowPrecision : public ::testing::TestWithParam<DType> {};
@@ -121,7 +121,7 @@ TEST(CpuFlash, RefusesOtherHeadDimsAndAutoFallsBack) {
     s.seqlen_q = s.seqlen_k = 5;
     s.head_dim = d;
     AttentionCase c(s);
-    const std::vector<unsigned char> before = c.out.bytes;
+    const testing::HostBytes before = c.out.bytes;
     try {
       forward(c.q.view, c.k.view, c.v.view, c.out.view, c.options(Backend::cpu_flash));
       ADD_FAILURE() << "head_dim " << d << " was accepted";

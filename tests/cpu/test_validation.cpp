@@ -40,7 +40,7 @@ TEST_P(Validation, RefusedWithMessageAndNoWrite) {
   TensorView q = c.q.view, k = c.k.view, v = c.v.view, out = c.out.view;
   Options o = c.options(Backend::cpu_standard);
   bad.mutate(c, q, k, v, out, o);
-  const std::vector<unsigned char> out_before = c.out.bytes;
+  const testing::HostBytes out_before = c.out.bytes;
   const std::vector<float> lse_before = c.lse;
   try {
     forward(q, k, v, out, o);
@@ -122,7 +122,7 @@ TEST(Validation, UnsupportedHeadDimForChosenBackend) {
   shape.head_dim = 40;
   AttentionCase c(shape);
   Options o = c.options(Backend::cuda_naive);
-  const std::vector<unsigned char> before = c.out.bytes;
+  const testing::HostBytes before = c.out.bytes;
   // Without CUDA the backend is unavailable; with CUDA it refuses head_dim 40. Either way
   // the message names the backend and nothing is written.
   EXPECT_THROW(forward(c.q.view, c.k.view, c.v.view, c.out.view, o), Error);

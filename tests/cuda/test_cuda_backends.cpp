@@ -95,7 +95,7 @@ TEST(CudaF32, DeterministicOver100Runs) {
     AttentionCase c(s);
     DeviceCase d(c);
     d.run(c, b);
-    const std::vector<unsigned char> first = c.out.bytes;
+    const testing::HostBytes first = c.out.bytes;
     for (int run = 1; run < 100; ++run) {
       d.poison();
       d.run(c, b);

@@ -155,7 +155,7 @@ TEST(CudaMma, DeterministicOver100Runs) {
   AttentionCase c(s);
   DeviceCase d(c);
   d.run(c, kMma);
-  const std::vector<unsigned char> first_out = c.out.bytes;
+  const testing::HostBytes first_out = c.out.bytes;
   const std::vector<float> first_lse = c.lse;
   for (int run = 1; run < 100; ++run) {
     d.poison();

@@ -116,6 +116,22 @@ void print_table(const std::vector<Row>& rows, const std::vector<std::string>& s
   if (any_sampled) std::printf("* error measured on 12 sampled query rows (full oracle too slow)\n");
 }
 
+// The backend `auto` picks for this workload: on the GPU when one is present, else the CPU.
+std::string auto_choice(Workload& work) {
+  for (bool gpu : {true, false}) {
+    if (gpu && cuda_device_count() == 0) continue;
+    const TensorView q = gpu ? work.on_device().q.view : work.host.q.view;
+    const TensorView k = gpu ? work.on_device().k.view : work.host.k.view;
+    const TensorView v = gpu ? work.on_device().v.view : work.host.v.view;
+    const TensorView out = gpu ? work.on_device().out.view : work.host.out.view;
+    try {
+      return std::string(backend_name(plan(q, k, v, out, Options{}).backend));
+    } catch (const Error&) {
+    }
+  }
+  return "nothing (no backend supports this call)";
+}
+
 }  // namespace
 
 std::vector<Backend> parse_backend_list(const std::vector<std::string>& names) {
@@ -151,7 +167,7 @@ int run_bench(const BenchOptions& o) {
   timing.flush_l2 = !o.no_flush;
 
   std::vector<Row> rows;
-  std::vector<std::string> skipped;
+  std::vector<std::string> skipped, auto_choices;
   const size_t total = shapes.size() * backends.size();
   size_t step = 0;
   for (const Shape& shape : shapes) {
@@ -183,12 +199,15 @@ int run_bench(const BenchOptions& o) {
     }
     if (baseline_ms)
       for (size_t i = first_row; i < rows.size(); ++i) rows[i].speedup = *baseline_ms / rows[i].ms;
+    auto_choices.push_back(shape.describe() + ": auto runs " + auto_choice(work));
   }
 
-  if (o.json)
+  if (o.json) {
     std::fputs(to_json(rows).c_str(), stdout);
-  else
+  } else {
     print_table(rows, skipped);
+    for (const std::string& line : auto_choices) std::printf("%s\n", line.c_str());
+  }
   if (cuda_device_count() == 0)
     std::fprintf(o.json ? stderr : stdout, "GPU rows missing: %s\n",
                  cuda_unavailable_reason().c_str());
