@@ -8,7 +8,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=${1:-gpu-check-logs}
 mkdir -p "$logs"
-trap '[ -n "${OUT:-}" ] && tar czf "$OUT/gpu-check-logs.tgz" "$logs"' EXIT
 build=build-gpu
 deps=$PWD/.device/deps
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -21,6 +20,8 @@ step() {  # step NAME COMMAND...: run, log to $logs/NAME.log, remember failures
   local rc=$?
   echo "    rc=$rc ($((SECONDS - t0)) s); tail:"; tail -n "${TAIL:-6}" "$logs/$name.log" | sed 's/^/    /'
   [ $rc -eq 0 ] || status=1
+  # Refresh the archive after every step, so a call cut short still returns its logs.
+  [ -n "${OUT:-}" ] && tar czf "$OUT/gpu-check-logs.tgz" "$logs"
   return $rc
 }
 
