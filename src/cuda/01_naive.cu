@@ -2,12 +2,12 @@
 //
 // What it does: one thread per query row. The thread keeps q (pre-scaled) and the output
 // accumulator in registers and streams every key and value row straight from global
-// memory, folding a few scores at a time through the online softmax. No N×N buffer exists.
-// What it costs: every thread re-reads all of K and V (through L1/L2) with scalar loads,
-// and only 32 warps exist at N=1024, so the GPU is mostly idle.
+// memory, folding one score at a time through the online softmax. No N×N buffer exists.
+// What it costs: every thread re-reads all of K and V (through L1/L2), each key costs two
+// exponentials, and only 32 warps exist at N=1024, so the GPU is mostly idle.
 // Measured (H200, B=1 H=1 N=1024 d=64 fp32, `flashtile bench`): see docs/JOURNEY.md, step 1.
 #include <algorithm>
-#include <limits>
+#include <cstdint>
 
 #include "common/online_softmax.hpp"
 #include "cuda/common.cuh"
@@ -15,18 +15,32 @@
 namespace flashtile::detail {
 namespace {
 
-// 32 threads (one warp) per block: every thread of a block loads the same K/V row, so a
-// block's loads are broadcasts that queue on one SM's load unit. At the write-up's N=1024,
-// one warp per block spreads the 32 warps over 32 SMs instead of 8 (first H200 run, 128
-// threads per block and a single dependent FMA chain per score: 2.28 ms).
+// 32 threads (one warp) per block: at the write-up's N=1024 that spreads the 32 warps over
+// 32 SMs instead of 8.
 constexpr int kNaiveThreads = 32;
-// Keys folded per online-softmax step. One key per step (the write-up's form) left every
-// iteration waiting on its own K and V loads from L2: 2.24 ms at N=1024 on the H200.
-// Eight keys per step put eight rows' loads in flight at once and cut the exponentials
-// for the rescale from one per key to one per eight.
-constexpr int kKeysPerStep = 8;
 
-template <int kHeadDim>
+// Loads one K or V row into registers before any of it is used, so that all its loads are
+// in flight at once. With one warp per SM there is no other warp to hide load latency
+// behind: element-by-element loads interleaved with the FMAs that use them made every
+// element wait for its own load (~2.2 µs per key at N=1024, i.e. ~64 L1 latencies).
+// kVector: 16-byte loads when every row start is 16-byte aligned.
+template <int kHeadDim, bool kVector>
+__device__ __forceinline__ void load_row(const float* src, float (&dst)[kHeadDim]) {
+  if constexpr (kVector) {
+    static_assert(kHeadDim % 4 == 0, "vector loads need head_dim % 4 == 0");
+    const float4* src4 = reinterpret_cast<const float4*>(src);
+#pragma unroll
+    for (int c = 0; c < kHeadDim / 4; ++c) {
+      const float4 x = __ldg(src4 + c);
+      dst[4 * c] = x.x, dst[4 * c + 1] = x.y, dst[4 * c + 2] = x.z, dst[4 * c + 3] = x.w;
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < kHeadDim; ++c) dst[c] = __ldg(src + c);
+  }
+}
+
+template <int kHeadDim, bool kVector>
 __global__ void __launch_bounds__(kNaiveThreads) naive_forward_kernel(const AttentionParams p) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // query row
   const int64_t h = blockIdx.y, b = blockIdx.z;
@@ -40,41 +54,28 @@ __global__ void __launch_bounds__(kNaiveThreads) naive_forward_kernel(const Atte
   const float* v_head = bshd_ptr(static_cast<const float*>(p.v), b, 0, hk, p.v_batch_stride,
                                  p.v_row_stride, p.v_head_stride);
 
-  float q[kHeadDim], acc[kHeadDim];  // (kHeadDim) each, in registers
+  float q[kHeadDim], acc[kHeadDim], row[kHeadDim];  // (kHeadDim) each, in registers
+  load_row<kHeadDim, kVector>(q_row, q);
 #pragma unroll
   for (int c = 0; c < kHeadDim; ++c) {
-    q[c] = q_row[c] * p.scale;
+    q[c] *= p.scale;
     acc[c] = 0.0f;
   }
   // Keys this row may see: all, or j <= i + seqlen_k - seqlen_q when causal (may be none).
   const int64_t n_keys = p.causal ? std::min<int64_t>(p.seqlen_k, i + p.causal_offset() + 1)
                                   : p.seqlen_k;
   SoftmaxState<float> state;
-  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeysPerStep) {
-    float s[kKeysPerStep];  // (kKeysPerStep) scores, then probabilities
+  for (int64_t j = 0; j < n_keys; ++j) {
+    load_row<kHeadDim, kVector>(k_head + j * p.k_row_stride, row);
+    // Four partial sums break the dependent FMA chain of the dot product.
+    float partial[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int t = 0; t < kKeysPerStep; ++t) {
-      s[t] = -std::numeric_limits<float>::infinity();
-      if (j0 + t < n_keys) {
-        const float* k_row = k_head + (j0 + t) * p.k_row_stride;
-        // Four partial sums break the dependent FMA chain of the dot product.
-        float partial[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int c = 0; c < kHeadDim; ++c) partial[c % 4] += q[c] * row[c];
+    float score = (partial[0] + partial[1]) + (partial[2] + partial[3]);
+    const float alpha = online_softmax_block(state, &score, 1);  // score -> probability
+    load_row<kHeadDim, kVector>(v_head + j * p.v_row_stride, row);
 #pragma unroll
-        for (int c = 0; c < kHeadDim; ++c) partial[c % 4] += q[c] * k_row[c];
-        s[t] = (partial[0] + partial[1]) + (partial[2] + partial[3]);
-      }
-    }
-    const float alpha = online_softmax_block(state, s, kKeysPerStep);
-#pragma unroll
-    for (int c = 0; c < kHeadDim; ++c) acc[c] *= alpha;
-#pragma unroll
-    for (int t = 0; t < kKeysPerStep; ++t) {
-      if (j0 + t < n_keys) {
-        const float* v_row = v_head + (j0 + t) * p.v_row_stride;
-#pragma unroll
-        for (int c = 0; c < kHeadDim; ++c) acc[c] += s[t] * v_row[c];
-      }
-    }
+    for (int c = 0; c < kHeadDim; ++c) acc[c] = acc[c] * alpha + score * row[c];
   }
 
   const float inv_l = output_scale(state);
@@ -83,6 +84,17 @@ __global__ void __launch_bounds__(kNaiveThreads) naive_forward_kernel(const Atte
 #pragma unroll
   for (int c = 0; c < kHeadDim; ++c) o_row[c] = acc[c] * inv_l;
   if (p.lse != nullptr) p.lse[(b * p.heads_q + h) * p.seqlen_q + i] = log_sum_exp(state);
+}
+
+// Every q, k and v row starts on a 16-byte boundary (base pointers and strides).
+bool rows_16_byte_aligned(const AttentionParams& p) {
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const int64_t strides[] = {p.q_batch_stride, p.q_row_stride, p.q_head_stride,
+                             p.k_batch_stride, p.k_row_stride, p.k_head_stride,
+                             p.v_batch_stride, p.v_row_stride, p.v_head_stride};
+  for (int64_t stride : strides)
+    if (stride % 4 != 0) return false;
+  return aligned(p.q) && aligned(p.k) && aligned(p.v);
 }
 
 std::string naive_unsupported(const AttentionParams& p) {
@@ -97,8 +109,12 @@ void run_naive(const AttentionParams& p) {
   const dim3 grid(static_cast<unsigned>((p.seqlen_q + kNaiveThreads - 1) / kNaiveThreads),
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
   auto stream = static_cast<cudaStream_t>(p.stream);
+  const bool vector_loads = rows_16_byte_aligned(p);
   dispatch_head_dim<32, 64, 128>(p.head_dim, [&](auto head_dim) {
-    naive_forward_kernel<head_dim()><<<grid, kNaiveThreads, 0, stream>>>(p);
+    if (vector_loads)
+      naive_forward_kernel<head_dim(), true><<<grid, kNaiveThreads, 0, stream>>>(p);
+    else
+      naive_forward_kernel<head_dim(), false><<<grid, kNaiveThreads, 0, stream>>>(p);
   });
   check_launch("naive_forward_kernel");
 }
