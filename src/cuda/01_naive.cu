@@ -40,6 +40,19 @@ __device__ __forceinline__ void load_row(const float* src, float (&dst)[kHeadDim
   }
 }
 
+// Rows ahead of the current key whose K and V lines are requested into L1 each step. The
+// loads of one key still wait on each other (dot product, then softmax, then P·V), so
+// without prefetching every key paid two trips to L2; prefetches cost no registers.
+constexpr int kPrefetchDistance = 8;
+
+template <int kHeadDim>
+__device__ __forceinline__ void prefetch_row_to_l1(const float* row) {
+  constexpr int kLineFloats = 32;  // 128-byte cache lines
+#pragma unroll
+  for (int c = 0; c < kHeadDim; c += kLineFloats)
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(row + c));
+}
+
 template <int kHeadDim, bool kVector>
 __global__ void __launch_bounds__(kNaiveThreads) naive_forward_kernel(const AttentionParams p) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // query row
@@ -66,6 +79,10 @@ __global__ void __launch_bounds__(kNaiveThreads) naive_forward_kernel(const Atte
                                   : p.seqlen_k;
   SoftmaxState<float> state;
   for (int64_t j = 0; j < n_keys; ++j) {
+    if (j + kPrefetchDistance < n_keys) {
+      prefetch_row_to_l1<kHeadDim>(k_head + (j + kPrefetchDistance) * p.k_row_stride);
+      prefetch_row_to_l1<kHeadDim>(v_head + (j + kPrefetchDistance) * p.v_row_stride);
+    }
     load_row<kHeadDim, kVector>(k_head + j * p.k_row_stride, row);
     // Four partial sums break the dependent FMA chain of the dot product.
     float partial[4] = {0.0f, 0.0f, 0.0f, 0.0f};
