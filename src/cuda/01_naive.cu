@@ -5,7 +5,9 @@
 // memory, folding one score at a time through the online softmax. No N×N buffer exists.
 // What it costs: every thread re-reads all of K and V (through L1/L2), each key costs two
 // exponentials, and only 32 warps exist at N=1024, so the GPU is mostly idle.
-// Measured (H200, B=1 H=1 N=1024 d=64 fp32, `flashtile bench`): see docs/JOURNEY.md, step 1.
+// Measured (H200, B=1 H=1 N=1024 d=64 fp32, `flashtile bench`): 0.606 ms, 61× cpu_standard
+// (37.0 ms); the first version, which loaded K/V element by element without prefetching,
+// took 2.28 ms. N=131072: 392 ms (11.2 TFLOP/s). The versions between: docs/JOURNEY.md.
 #include <algorithm>
 #include <cstdint>
 

@@ -10,7 +10,9 @@
 // meet through two warp shuffles. That quadruples the threads in flight versus one thread
 // per row and keeps the per-thread registers small. Causal blocks skip key tiles that lie
 // entirely above the diagonal.
-// Measured (H200, B=1 H=1 N=1024 d=64 fp32, `flashtile bench`): see docs/JOURNEY.md, step 2.
+// Measured (H200, B=1 H=1 N=1024 d=64 fp32, `flashtile bench`): 0.219 ms, 169× cpu_standard
+// and 2.8× step 1; N=131072: 345 ms (12.7 TFLOP/s fp32). Only 32 of 132 SMs have work at
+// N=1024 with one head: the floor there is ~5 µs (docs/JOURNEY.md).
 #include <algorithm>
 #include <limits>
 
