@@ -28,6 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from torch_timing import attention_flops as flops
+from torch_timing import cuda_event_median_ms
+
 TOKENS, HIDDEN = 16384, 2048
 PEERS = {
     "flash": SDPBackend.FLASH_ATTENTION,
@@ -38,27 +41,13 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 JSON_DTYPES = {"bfloat16": "bf16", "float16": "f16", "bf16": "bf16", "f16": "f16"}
 
 
-def flops(b, s, h, d, causal):
-    return 4.0 * b * s * s * h * d / (2.0 if causal else 1.0)
-
-
 def median_ms(fn, warmup_ms, rep_ms):
     try:
         import triton.testing
 
         return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
     except ImportError:
-        for _ in range(5):
-            fn()
-        times = []
-        for _ in range(30):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop))
-        return sorted(times)[len(times) // 2]
+        return cuda_event_median_ms(fn)
 
 
 def run_peers(args):

@@ -14,32 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
 import flashtile
-
-
-def median_ms(fn, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
-
-
-def flops(batch, seqlen, heads, head_dim, causal):
-    total = 4.0 * batch * seqlen * seqlen * heads * head_dim
-    return total / 2 if causal else total
+from torch_timing import attention_flops as flops
+from torch_timing import cuda_event_median_ms as median_ms
 
 
 def run(args):
