@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "support/attention_case.hpp"
+#include "testing/attention_case.hpp"
 #include "support/backend_grid.hpp"
 
 namespace flashtile {

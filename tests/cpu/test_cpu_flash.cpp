@@ -13,7 +13,7 @@
 
 #include "api/params.hpp"
 #include "common/online_softmax.hpp"
-#include "support/attention_case.hpp"
+#include "testing/attention_case.hpp"
 #include "support/backend_grid.hpp"
 
 #if FLASHTILE_WITH_HWY

@@ -8,7 +8,7 @@
 
 #include "flashtile/device.hpp"
 
-#include "support/attention_case.hpp"
+#include "testing/attention_case.hpp"
 
 namespace flashtile {
 namespace {

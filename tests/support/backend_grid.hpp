@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "support/attention_case.hpp"
+#include "testing/attention_case.hpp"
 
 namespace flashtile::testing {
 
