@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "support/oracle_check.hpp"
 #include "testing/attention_case.hpp"
 #include "support/backend_grid.hpp"
 
@@ -24,18 +25,8 @@ std::vector<Backend> cpu_backends() {
 // element was written: outputs start as NaN).
 void expect_matches_oracle(Backend backend, const Shape& shape) {
   AttentionCase c(shape);
-  Options o = c.options(backend);
-  const Plan plan = flashtile::plan(c.q.view, c.k.view, c.v.view, c.out.view, o);
-  (void)plan;
-  forward(c.q.view, c.k.view, c.v.view, c.out.view, o);
-  Options ref_options;
-  ref_options.causal = shape.causal;
-  const Verification check =
-      verify_forward(c.q.view, c.k.view, c.v.view, c.out.view, c.lse.data(), ref_options);
-  EXPECT_TRUE(check.pass()) << backend_name(backend) << " " << shape.describe()
-                            << ": out err " << check.out_error << " (bound " << check.out_bound
-                            << "), lse err " << check.lse_error << " (bound " << check.lse_bound
-                            << ")";
+  forward(c.q.view, c.k.view, c.v.view, c.out.view, c.options(backend));
+  EXPECT_TRUE(testing::matches_oracle(c)) << backend_name(backend);
 }
 
 class CpuBackend : public ::testing::TestWithParam<Backend> {};

@@ -11,6 +11,7 @@
 #include <random>
 #include <tuple>
 
+#include "support/oracle_check.hpp"
 #include "api/params.hpp"
 #include "common/online_softmax.hpp"
 #include "testing/attention_case.hpp"
@@ -37,13 +38,7 @@ using testing::Shape;
 void expect_passes(const Shape& shape, uint32_t seed = 1234) {
   AttentionCase c(shape, seed);
   forward(c.q.view, c.k.view, c.v.view, c.out.view, c.options(Backend::cpu_flash));
-  Options ref;
-  ref.causal = shape.causal;
-  const Verification check =
-      verify_forward(c.q.view, c.k.view, c.v.view, c.out.view, c.lse.data(), ref);
-  EXPECT_TRUE(check.pass()) << shape.describe() << ": out err " << check.out_error << " (bound "
-                            << check.out_bound << "), lse err " << check.lse_error << " (bound "
-                            << check.lse_bound << ")";
+  EXPECT_TRUE(testing::matches_oracle(c));
 }
 
 // Runs cpu_flash and returns the output bytes and LSE.

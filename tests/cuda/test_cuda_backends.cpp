@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "support/oracle_check.hpp"
 #include "support/backend_grid.hpp"
 #include "support/device_case.hpp"
 
@@ -44,13 +45,7 @@ void expect_matches_oracle(Backend backend, const Shape& shape) {
   AttentionCase c(shape);
   DeviceCase d(c);
   d.run(c, backend);
-  Options ref;
-  ref.causal = shape.causal;
-  const Verification check =
-      verify_forward(c.q.view, c.k.view, c.v.view, c.out.view, c.lse.data(), ref);
-  EXPECT_TRUE(check.pass()) << backend_name(backend) << " " << shape.describe() << ": out err "
-                            << check.out_error << " (bound " << check.out_bound << "), lse err "
-                            << check.lse_error << " (bound " << check.lse_bound << ")";
+  EXPECT_TRUE(testing::matches_oracle(c)) << backend_name(backend);
 }
 
 TEST(CudaF32, MatchesOracleOnGrid) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "support/oracle_check.hpp"
 #include "support/backend_grid.hpp"
 #include "support/device_case.hpp"
 
@@ -32,7 +33,12 @@ constexpr Backend kMma = Backend::cuda_mma;
   } while (0)
 
 // On failure: where the output is off, to tell a wrong row or column from a rounding slip.
-void report_worst(const AttentionCase& c, const Options& ref, double bound) {
+void report_worst(const AttentionCase& c, std::optional<float> scale) {
+  Options ref;
+  ref.causal = c.shape.causal;
+  ref.scale = scale;
+  const double bound =
+      verify_forward(c.q.view, c.k.view, c.v.view, c.out.view, c.lse.data(), ref).out_bound;
   const ReferenceResult exact = reference_attention(c.q.view, c.k.view, c.v.view, ref);
   const TensorView& out = c.out.view;
   int shown = 0;
@@ -57,20 +63,10 @@ void expect_matches_oracle(const Shape& shape, std::optional<float> scale = std:
   DeviceCase d(c);
   Options o = c.options(kMma);
   o.scale = scale;
-  o.lse = static_cast<float*>(d.lse.data());
-  forward(d.q.view, d.k.view, d.v.view, d.out.view, o);
-  cuda_synchronize(0);
-  d.out.buffer.copy_to_host(c.out.bytes.data(), c.out.bytes.size());
-  d.lse.copy_to_host(c.lse.data(), c.lse.size() * sizeof(float));
-  Options ref;
-  ref.causal = shape.causal;
-  ref.scale = scale;
-  const Verification check =
-      verify_forward(c.q.view, c.k.view, c.v.view, c.out.view, c.lse.data(), ref);
-  EXPECT_TRUE(check.pass()) << shape.describe() << ": out err " << check.out_error << " (bound "
-                            << check.out_bound << "), lse err " << check.lse_error << " (bound "
-                            << check.lse_bound << ")";
-  if (!check.pass()) report_worst(c, ref, check.out_bound);
+  d.run(c, o);
+  const ::testing::AssertionResult matches = testing::matches_oracle(c, scale);
+  EXPECT_TRUE(matches);
+  if (!matches) report_worst(c, scale);
 }
 
 class CudaMmaGrid : public ::testing::TestWithParam<DType> {};
@@ -293,13 +289,7 @@ TEST(CudaMma, OffsetsBeyond2Pow31Elements) {
   ASSERT_EQ(cudaMemcpy(c.lse.data() + lse_batch, lse_floats + (kBatch - 1) * lse_batch,
                        lse_batch * 4, cudaMemcpyDeviceToHost),
             cudaSuccess);
-  Options ref;
-  ref.causal = true;
-  const Verification check =
-      verify_forward(c.q.view, c.k.view, c.v.view, c.out.view, c.lse.data(), ref);
-  EXPECT_TRUE(check.pass()) << "out err " << check.out_error << " (bound " << check.out_bound
-                            << "), lse err " << check.lse_error << " (bound " << check.lse_bound
-                            << ")";
+  EXPECT_TRUE(testing::matches_oracle(c));  // c.shape is causal, as the device run
 }
 
 }  // namespace
