@@ -73,7 +73,7 @@ AttentionParams params(Buffers& buf, int64_t s, int64_t d, bool causal) {
   p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = row;
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
   p.scale = 1.0f / std::sqrt(float(d));
-  p.causal = causal;
+  if (causal) p.window_right = 0;
   return p;
 }
 

@@ -47,6 +47,11 @@ struct TensorView {
 
   // A C-order (contiguous) view of `shape`.
   static TensorView contiguous(void* data, DType dtype, Device device, std::array<int64_t, 4> shape);
+  // A C-order packed varlen tensor (total_tokens, heads, head_dim), as the 4-D view
+  // (1, total_tokens, heads, head_dim) that forward_varlen takes.
+  static TensorView packed(void* data, DType dtype, Device device, std::array<int64_t, 3> shape) {
+    return contiguous(data, dtype, device, {1, shape[0], shape[1], shape[2]});
+  }
 };
 
 enum class Backend {
@@ -64,16 +69,71 @@ std::optional<Backend> parse_backend(std::string_view name);
 // Every named backend (not `automatic`), in journey order.
 const std::vector<Backend>& all_backends();
 
+// A sliding window (FlashAttention's window_size). Query i sees key j when
+// j - (i + seqlen_k - seqlen_q) lies in [-left, right], per sequence; -1 leaves that side
+// unbounded. Causal is right = 0 (Options::causal sets it, whatever `right` says).
+struct Window {
+  int64_t left = -1;
+  int64_t right = -1;
+  bool bounded() const { return left >= 0 || right >= 0; }
+};
+
+// A small fp32 tensor of per-head parameters (ALiBi slopes, sinks): 1-D (heads) or 2-D
+// (batch, heads), strides in elements, on the device of q. A null `data` means "not given".
+struct ParamView {
+  const float* data = nullptr;
+  Device device{};
+  int ndim = 1;
+  std::array<int64_t, 2> shape{};    // (n) or (rows, cols)
+  std::array<int64_t, 2> strides{};  // in elements
+
+  bool given() const { return data != nullptr; }
+  static ParamView vector(const float* data, Device device, int64_t n) {
+    return {data, device, 1, {n, 0}, {1, 0}};
+  }
+  static ParamView matrix(const float* data, Device device, int64_t rows, int64_t cols) {
+    return {data, device, 2, {rows, cols}, {cols, 1}};
+  }
+};
+
 struct Options {
   std::optional<float> scale;  // default 1/sqrt(head_dim)
   // Causal mask aligned bottom-right (FlashAttention >= 2.1): query i sees key j when
-  // j <= i + seqlen_k - seqlen_q. Rows that see no key output 0 with LSE = -inf.
+  // j <= i + seqlen_k - seqlen_q. The same as window.right = 0.
   bool causal = false;
-  // Optional log-sum-exp output: fp32, natural log, contiguous [batch, heads_q, seqlen_q],
-  // on the same device as q.
+  Window window;
+  // Logits, in this order: S = scale·q·k; S <- softcap·tanh(S/softcap) when softcap > 0;
+  // S <- S - slope_h·|i + seqlen_k - seqlen_q - j| with ALiBi slopes (fp32, shaped
+  // (heads_q) or (batch, heads_q)).
+  float softcap = 0.0f;
+  ParamView alibi_slopes;
+  // Attention sinks (gpt-oss): one fp32 logit per query head, shaped (heads_q). Each joins
+  // every row's softmax denominator, contributes no value, and is included in the LSE.
+  ParamView sinks;
+  // A row that sees no key (and has no sink) outputs 0 with LSE = -inf.
+  // Optional log-sum-exp output: fp32, natural log, contiguous [batch, heads_q, seqlen_q]
+  // ([heads_q, total_q] for a varlen batch), on the same device as q.
   float* lse = nullptr;
   Backend backend = Backend::automatic;
   void* stream = nullptr;  // cudaStream_t for CUDA backends; nullptr = default stream
+};
+
+// A packed variable-length batch, as flash_attn_varlen_func takes it. q, k, v and out are
+// TensorViews with batch dimension 1 whose rows are the sequences one after another:
+// sequence b owns query rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and key rows
+// [cu_seqlens_k[b], cu_seqlens_k[b+1]). The cu_seqlens are int32 of length batch + 1 on the
+// device of q; they must be non-decreasing, cu_seqlens_q must run from 0 to total_q and
+// cu_seqlens_k must stay inside k (the library reads them
+// on the host to check this before anything runs, which synchronises the stream).
+struct Varlen {
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  // Optional (batch) int32: sequence b uses only its first seqused_k[b] keys.
+  const int32_t* seqused_k = nullptr;
+  int64_t batch = 0;  // number of sequences
+  // Optional upper bounds on the sequence lengths (flash_attn's max_seqlen_q/k); when
+  // given they must hold, else they are computed from cu_seqlens.
+  std::optional<int64_t> max_seqlen_q, max_seqlen_k;
 };
 
 enum class ErrorKind {
@@ -99,6 +159,9 @@ class Error : public std::runtime_error {
 // options.stream. Supports GQA/MQA: query head h reads kv head h / (heads_q / heads_kv).
 void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const Options& options = {});
+// The same over a packed variable-length batch (see Varlen); masks align per sequence.
+void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                    const TensorView& out, const Varlen& varlen, const Options& options = {});
 
 // What `forward` would do with these arguments (or the Error it would raise): the backend
 // it runs and the scratch memory that backend allocates beyond the inputs and outputs.
@@ -108,6 +171,8 @@ struct Plan {
 };
 Plan plan(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
           const Options& options = {});
+Plan plan_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const TensorView& out, const Varlen& varlen, const Options& options = {});
 
 // Where a backend runs.
 DeviceType backend_device(Backend backend);

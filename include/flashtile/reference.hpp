@@ -1,6 +1,7 @@
 // The oracle every test and `flashtile check` compares against: standard attention over
-// CPU tensor views, with the same semantics as flashtile::forward (scale default, causal
-// bottom-right, GQA, fully masked rows -> 0 and LSE = -inf).
+// CPU tensor views, with the same semantics as flashtile::forward: scale default, causal
+// bottom-right and sliding windows, softcap, ALiBi, sinks, GQA, varlen; rows that see no key
+// and have no sink -> 0 and LSE = -inf; a NaN in anything a row reads -> that row is NaN.
 #pragma once
 
 #include <vector>
@@ -16,14 +17,19 @@ enum class ReferencePrecision {
 };
 
 struct ReferenceResult {
-  std::vector<double> out;  // contiguous BSHD, shape of q
-  std::vector<double> lse;  // contiguous [batch, heads_q, seqlen_q]
+  std::vector<double> out;  // contiguous, shape of q
+  std::vector<double> lse;  // contiguous [batch, heads_q, seqlen_q] ([heads_q, total_q] varlen)
 };
 
-// q, k, v must be CPU views; they are validated as forward() would.
+// q, k, v (and the variant's parameters, and cu_seqlens) must be on the CPU; they are
+// validated as forward() / forward_varlen() would.
 ReferenceResult reference_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                                     const Options& options = {},
                                     ReferencePrecision precision = ReferencePrecision::exact);
+ReferenceResult reference_attention_varlen(const TensorView& q, const TensorView& k,
+                                           const TensorView& v, const Varlen& varlen,
+                                           const Options& options = {},
+                                           ReferencePrecision precision = ReferencePrecision::exact);
 
 struct ErrorStats {
   double max_abs = 0;     // max_i |out_i - ref_i|; +inf if any out_i is not finite
@@ -60,8 +66,10 @@ Verification verify_against(const ReferenceResult& exact, const ReferenceResult*
                             const TensorView& out, const float* lse);
 
 // Computes the references and applies the rule to `out` (and `lse` when non-null) computed
-// from q, k, v with `options`; every view must be on the CPU (copy GPU results back first).
+// from q, k, v with `options` (over a varlen batch when `varlen` is given); every view must
+// be on the CPU (copy GPU results back first).
 Verification verify_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                            const TensorView& out, const float* lse, const Options& options);
+                            const TensorView& out, const float* lse, const Options& options,
+                            const Varlen* varlen = nullptr);
 
 }  // namespace flashtile

@@ -26,6 +26,14 @@ struct BackendEntry {
 
 inline int64_t no_workspace(const AttentionParams&) { return 0; }
 
+// The journey steps (cpu_standard, cuda_naive, cuda_tiled) stay the write-up's kernels:
+// full or causal attention over dense batches. Why `backend` refuses p, or "".
+inline std::string journey_unsupported(const AttentionParams& p, const char* backend) {
+  if (!p.has_variant()) return "";
+  return std::string(backend) + " is a journey step and computes only full or causal attention "
+                                "over dense batches; got " + describe_variant(p);
+}
+
 // Every backend compiled into this build, in journey order.
 const std::vector<BackendEntry>& backend_registry();
 

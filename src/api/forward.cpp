@@ -1,7 +1,5 @@
-// The validator and the dispatcher: every check happens here, on the host, before any
-// backend touches memory. A backend receives AttentionParams that are already valid.
-#include <algorithm>
-#include <cmath>
+// The dispatcher: validate (src/api/validate.cpp), choose a backend, run it. One selector
+// answers "supported?" for forward, plan and the varlen entry points alike.
 #include <sstream>
 
 #include "api/backend.hpp"
@@ -10,165 +8,37 @@
 namespace flashtile {
 namespace {
 
-constexpr const char* kTensorNames[] = {"q", "k", "v", "out"};
-
-template <class... Parts>
-[[noreturn]] void fail(ErrorKind kind, const Parts&... parts) {
-  std::ostringstream message;
-  message << "flashtile::forward: ";
-  (message << ... << parts);
-  throw Error(kind, message.str());
-}
-
-// Byte range [first, last] a view can touch.
-struct ByteRange {
-  uintptr_t first, last;
-  bool overlaps(const ByteRange& other) const { return first <= other.last && other.first <= last; }
-};
-
-ByteRange byte_range(const TensorView& t) {
-  int64_t last_element = 0;
-  for (int i = 0; i < 4; ++i) last_element += (t.shape[i] - 1) * t.strides[i];
-  auto first = reinterpret_cast<uintptr_t>(t.data);
-  return {first, first + static_cast<uintptr_t>(last_element + 1) * dtype_size(t.dtype) - 1};
-}
-
-void check_view(const TensorView& t, const char* name) {
-  if (t.data == nullptr) fail(ErrorKind::invalid_argument, name, ".data is null");
-  static constexpr const char* kDims[] = {"batch", "seqlen", "heads", "head_dim"};
-  for (int i = 0; i < 4; ++i) {
-    if (t.shape[i] <= 0)
-      fail(ErrorKind::invalid_argument, name, ".shape[", i, "] (", kDims[i],
-           ") must be positive, got ", t.shape[i]);
-  }
-  if (t.strides[3] != 1)
-    fail(ErrorKind::invalid_argument, name, ".strides[3] (head_dim stride) must be 1, got ",
-         t.strides[3]);
-  for (int i = 0; i < 3; ++i) {
-    if (t.strides[i] < 0)
-      fail(ErrorKind::invalid_argument, name, ".strides[", i, "] must be non-negative, got ",
-           t.strides[i]);
-  }
-  if (t.device.type == DeviceType::cuda && t.device.index < 0)
-    fail(ErrorKind::invalid_argument, name, ".device index must be >= 0, got ", t.device.index);
-}
-
-void expect_dim(const TensorView& t, const char* name, int dim, int64_t expected,
-                const char* what) {
-  if (t.shape[dim] != expected)
-    fail(ErrorKind::invalid_argument, name, ".shape[", dim, "] must equal ", what, " (expected ",
-         expected, ", got ", t.shape[dim], ")");
-}
-
-}  // namespace
-
-detail::AttentionParams detail::validate(const TensorView& q, const TensorView& k,
-                                         const TensorView& v, const TensorView* out_or_null,
-                                         const Options& options) {
-  // Without an output (the oracle's case) q stands in for it in the per-view checks.
-  const TensorView& out = out_or_null ? *out_or_null : q;
-  const TensorView* views[] = {&q, &k, &v, &out};
-  const int n_views = out_or_null ? 4 : 3;
-  for (int i = 0; i < n_views; ++i) check_view(*views[i], kTensorNames[i]);
-
-  for (int i = 1; i < n_views; ++i) {
-    if (views[i]->dtype != q.dtype)
-      fail(ErrorKind::dtype, kTensorNames[i], ".dtype must match q.dtype (expected ",
-           dtype_name(q.dtype), ", got ", dtype_name(views[i]->dtype), ")");
-    if (!(views[i]->device == q.device))
-      fail(ErrorKind::invalid_argument, kTensorNames[i],
-           ".device must match q.device (expected ", device_name(q.device), ", got ",
-           device_name(views[i]->device), ")");
-  }
-
-  expect_dim(k, "k", 0, q.batch(), "q batch");
-  expect_dim(v, "v", 0, q.batch(), "q batch");
-  expect_dim(k, "k", 3, q.head_dim(), "q head_dim");
-  expect_dim(v, "v", 3, q.head_dim(), "q head_dim");
-  expect_dim(v, "v", 1, k.seqlen(), "k seqlen");
-  expect_dim(v, "v", 2, k.heads(), "k heads");
-  if (q.heads() % k.heads() != 0)
-    fail(ErrorKind::invalid_argument, "q heads (", q.heads(), ") must be a multiple of k heads (",
-         k.heads(), ") for GQA/MQA");
-  if (out_or_null != nullptr) {
-    for (int i = 0; i < 4; ++i) expect_dim(out, "out", i, q.shape[i], "the q dimension");
-    const ByteRange out_range = byte_range(out);
-    for (int i = 0; i < 3; ++i) {
-      if (out_range.overlaps(byte_range(*views[i])))
-        fail(ErrorKind::invalid_argument, "out must not overlap ", kTensorNames[i]);
-    }
-  }
-  if (options.lse != nullptr) {
-    auto first = reinterpret_cast<uintptr_t>(options.lse);
-    ByteRange lse_range{first, first + static_cast<uintptr_t>(q.batch() * q.heads() * q.seqlen()) *
-                                           sizeof(float) - 1};
-    for (int i = 0; i < n_views; ++i) {
-      if (lse_range.overlaps(byte_range(*views[i])))
-        fail(ErrorKind::invalid_argument, "lse must not overlap ", kTensorNames[i]);
-    }
-  }
-
-  float scale = 1.0f / std::sqrt(static_cast<float>(q.head_dim()));
-  if (options.scale) {
-    if (!std::isfinite(*options.scale))
-      fail(ErrorKind::invalid_argument, "scale must be finite, got ", *options.scale);
-    scale = *options.scale;
-  }
-
-  detail::AttentionParams p;
-  p.q = q.data;
-  p.k = k.data;
-  p.v = v.data;
-  p.o = out.data;
-  p.lse = options.lse;
-  p.dtype = q.dtype;
-  p.device_index = q.device.index;
-  p.stream = options.stream;
-  p.batch = q.batch();
-  p.seqlen_q = q.seqlen();
-  p.seqlen_k = k.seqlen();
-  p.heads_q = q.heads();
-  p.heads_kv = k.heads();
-  p.head_dim = q.head_dim();
-  auto strides = [](const TensorView& t, int64_t& b, int64_t& s, int64_t& h) {
-    b = t.strides[0];
-    s = t.strides[1];
-    h = t.strides[2];
-  };
-  strides(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-  strides(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-  strides(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-  strides(out, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
-  p.scale = scale;
-  p.causal = options.causal;
-  return p;
-}
-
-namespace {
-
 const detail::BackendEntry* find_entry(Backend backend) {
   for (const auto& entry : detail::backend_registry())
     if (entry.id == backend) return &entry;
   return nullptr;
 }
 
+template <class... Parts>
+[[noreturn]] void fail(const char* api, ErrorKind kind, const Parts&... parts) {
+  std::ostringstream message;
+  message << api << ": ";
+  (message << ... << parts);
+  throw Error(kind, message.str());
+}
+
 const detail::BackendEntry& choose(const detail::AttentionParams& p, DeviceType device,
-                                   Backend requested) {
+                                   Backend requested, const char* api) {
   if (requested != Backend::automatic) {
     // Where a backend runs is known even when it is not compiled in, so a device mismatch
     // is reported the same way in every build.
     if (backend_device(requested) != device)
-      fail(ErrorKind::invalid_argument, "backend ", backend_name(requested), " runs on ",
+      fail(api, ErrorKind::invalid_argument, "backend ", backend_name(requested), " runs on ",
            backend_device(requested) == DeviceType::cpu ? "cpu" : "cuda",
            " but the tensors are on ", device == DeviceType::cpu ? "cpu" : "cuda");
     const detail::BackendEntry* entry = find_entry(requested);
     if (entry == nullptr)
-      fail(ErrorKind::unsupported, "backend ", backend_name(requested),
+      fail(api, ErrorKind::unsupported, "backend ", backend_name(requested),
            " is not compiled into this build");
     if (std::string why = entry->unavailable_reason(); !why.empty())
-      fail(ErrorKind::unsupported, "backend ", backend_name(requested), " is not available: ", why);
+      fail(api, ErrorKind::unsupported, "backend ", backend_name(requested), " is not available: ", why);
     if (std::string why = entry->unsupported_reason(p); !why.empty())
-      fail(ErrorKind::unsupported, "backend ", backend_name(requested), " cannot run this call: ",
+      fail(api, ErrorKind::unsupported, "backend ", backend_name(requested), " cannot run this call: ",
            why);
     return *entry;
   }
@@ -184,7 +54,7 @@ const detail::BackendEntry& choose(const detail::AttentionParams& p, DeviceType 
     }
     if (best == nullptr || entry.priority > best->priority) best = &entry;
   }
-  if (best == nullptr) fail(ErrorKind::unsupported, "no backend can run this call", reasons);
+  if (best == nullptr) fail(api, ErrorKind::unsupported, "no backend can run this call", reasons);
   return *best;
 }
 
@@ -263,17 +133,39 @@ std::string backend_unavailable_reason(Backend backend) {
   return entry->unavailable_reason();
 }
 
+namespace {
+
+Plan plan_call(const detail::CallArgs& call) {
+  const detail::AttentionParams p = detail::validate(call);
+  const detail::BackendEntry& entry = choose(p, call.q.device.type, call.options.backend, call.api);
+  return {entry.id, entry.workspace_bytes(p)};
+}
+
+void run_call(const detail::CallArgs& call) {
+  const detail::AttentionParams p = detail::validate(call);
+  choose(p, call.q.device.type, call.options.backend, call.api).run(p);
+}
+
+}  // namespace
+
 Plan plan(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
           const Options& options) {
-  const detail::AttentionParams p = detail::validate(q, k, v, &out, options);
-  const detail::BackendEntry& entry = choose(p, q.device.type, options.backend);
-  return {entry.id, entry.workspace_bytes(p)};
+  return plan_call({q, k, v, &out, nullptr, options, "flashtile::forward"});
+}
+
+Plan plan_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const TensorView& out, const Varlen& varlen, const Options& options) {
+  return plan_call({q, k, v, &out, &varlen, options, "flashtile::forward_varlen"});
 }
 
 void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const Options& options) {
-  const detail::AttentionParams p = detail::validate(q, k, v, &out, options);
-  choose(p, q.device.type, options.backend).run(p);
+  run_call({q, k, v, &out, nullptr, options, "flashtile::forward"});
+}
+
+void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                    const TensorView& out, const Varlen& varlen, const Options& options) {
+  run_call({q, k, v, &out, &varlen, options, "flashtile::forward_varlen"});
 }
 
 }  // namespace flashtile

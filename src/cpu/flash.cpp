@@ -36,6 +36,7 @@ std::string flash_unavailable() {
 }
 
 std::string flash_unsupported(const AttentionParams& p) {
+  if (std::string why = journey_unsupported(p, "cpu_flash"); !why.empty()) return why;
   if (p.head_dim % cpu_flash::kHeadDimMultiple != 0 || p.head_dim > cpu_flash::kMaxHeadDim)
     return "head_dim must be a multiple of " + std::to_string(cpu_flash::kHeadDimMultiple) +
            " up to " + std::to_string(cpu_flash::kMaxHeadDim) + ", got " +

@@ -31,7 +31,7 @@
 
 #include "api/params.hpp"
 #include "common/numeric.hpp"
-#include "common/online_softmax.hpp"
+#include "attn/softmax_state.hpp"
 #include "cpu/flash.hpp"
 #include "hwy/highway.h"
 
@@ -136,7 +136,7 @@ HWY_INLINE hn::Vec<D> FastExp(D d, hn::Vec<D> x) {
 }
 
 // ---- the online-softmax step, L rows at a time ----------------------------------------
-// Lane-wise online_softmax_rescale (common/online_softmax.hpp): m_new = max(m, block max);
+// Lane-wise online_softmax_rescale (attn/softmax_state.hpp): m_new = max(m, block max);
 // lanes that have seen nothing (m_new = -inf) keep alpha = 1, the others get
 // alpha = exp(m - m_new) and l *= alpha. tests/cpu/test_cpu_flash.cpp checks this against
 // the scalar function lane by lane.
@@ -389,9 +389,10 @@ void QueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb, floa
   std::fill(s.l, s.l + M, 0.0f);
 
   // Keys any row of this block can see: causal row i sees j <= i + offset.
-  const int64_t offset = p.causal_offset();
+  const bool causal = p.is_causal();
+  const int64_t offset = p.seqlen_k - p.seqlen_q;
   const int64_t visible =
-      p.causal ? std::clamp<int64_t>(i0 + rows + offset, 0, p.seqlen_k) : p.seqlen_k;
+      causal ? std::clamp<int64_t>(i0 + rows + offset, 0, p.seqlen_k) : p.seqlen_k;
 
   for (int64_t j0 = 0; j0 < visible; j0 += N) {
     const int64_t keys = std::min(N, visible - j0);
@@ -410,10 +411,10 @@ void QueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb, floa
     // rows see more, and the tiles that no row sees are skipped. Row q of the block sees
     // key j of the block when q >= j0 + j - offset - i0.
     const auto keys_for = [&](int64_t r_end) {
-      return p.causal ? std::clamp<int64_t>(i0 + r_end + offset - j0, 0, keys) : keys;
+      return causal ? std::clamp<int64_t>(i0 + r_end + offset - j0, 0, keys) : keys;
     };
     const int64_t first_visible =
-        p.causal ? j0 - offset - i0 : -std::numeric_limits<int32_t>::max();
+        causal ? j0 - offset - i0 : -std::numeric_limits<int32_t>::max();
 
     // (keys, M) S^T = K · Q^T, masked; then P^T = exp(S^T - m_new), m, l, alpha updated.
     ScoresAndSoftmax(s.kp, d, s.qt, keys, keys_for, first_visible, s);

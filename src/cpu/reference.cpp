@@ -6,53 +6,59 @@
 #include <limits>
 
 #include "api/backend.hpp"
+#include "attn/seqlen.hpp"
+#include "attn/variant.hpp"
 #include "common/numeric.hpp"
-#include "common/online_softmax.hpp"
 
 namespace flashtile {
 namespace {
 
 using detail::AttentionParams;
+using Seqlen = detail::SeqlenInfo<int64_t>;
 
-int64_t offset(int64_t b, int64_t s, int64_t h, int64_t batch_stride, int64_t row_stride,
-               int64_t head_stride) {
-  return b * batch_stride + s * row_stride + h * head_stride;
+// Row of the oracle's contiguous output (q's shape) holding query i of sequence b.
+int64_t contiguous_row(const AttentionParams& p, int64_t b, const Seqlen& seq, int64_t i) {
+  return (p.is_varlen() ? 0 : b * p.seqlen_q) + seq.q_start + i;
 }
 
-// Standard attention for one (batch, head, query row): three passes over the keys.
+// Standard attention for one (batch, head, query row): three passes over the keys it sees.
 // Acc is double for the oracle and float for the low-precision baseline, where `round`
-// rounds S and P to the input dtype.
+// rounds S and P to the input dtype. Every feature comes from the shared core: the mask,
+// the logits transform and the sink.
 template <class Acc, class Round>
-void reference_row(const AttentionParams& p, int64_t b, int64_t h, int64_t i, Round round,
-                   std::vector<Acc>& scores, Acc* out_row, Acc* lse) {
+void reference_row(const AttentionParams& p, int64_t b, int64_t h, const Seqlen& seq, int64_t i,
+                   Round round, std::vector<Acc>& scores, Acc* out_row, Acc* lse) {
   const int64_t hk = h / p.heads_per_kv();
-  const int64_t q_off = offset(b, i, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-  const int64_t last_key = p.causal ? std::min(p.seqlen_k - 1, i + p.causal_offset())
-                                    : p.seqlen_k - 1;
+  const int64_t q_off = seq.q_offset(p, b, i, h);
+  const detail::Mask<int64_t> mask = seq.mask(p);
+  const detail::LogitsTransform<Acc> logits = detail::logits_transform<Acc>(p, b, h);
+  const int64_t first = mask.first_key(i), end = mask.key_end(i);
   const int64_t d = p.head_dim;
   for (int64_t c = 0; c < d; ++c) out_row[c] = 0;
-  if (last_key < 0) {  // fully masked row
-    *lse = -std::numeric_limits<Acc>::infinity();
-    return;
-  }
-  Acc max_score = -std::numeric_limits<Acc>::infinity();
-  for (int64_t j = 0; j <= last_key; ++j) {
-    const int64_t k_off = offset(b, j, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  // The sink joins the max and the denominator; -inf without one.
+  const Acc sink = detail::sink_logit<Acc>(p, h);
+  Acc max_score = sink;
+  for (int64_t j = first; j < end; ++j) {
+    const int64_t k_off = seq.k_offset(p, b, j, hk);
     Acc dot = 0;
     for (int64_t c = 0; c < d; ++c)
       dot += Acc(detail::load_as_float(p.q, p.dtype, q_off + c)) *
              Acc(detail::load_as_float(p.k, p.dtype, k_off + c));
-    scores[j] = round(dot * Acc(p.scale));
-    max_score = std::max(max_score, scores[j]);
+    scores[j - first] = round(logits(dot, mask, i, j));
+    max_score = std::max(max_score, scores[j - first]);  // a NaN score stays NaN below
   }
-  Acc sum = 0;
-  for (int64_t j = 0; j <= last_key; ++j) {
-    scores[j] = std::exp(scores[j] - max_score);
-    sum += scores[j];
+  if (max_score == -std::numeric_limits<Acc>::infinity()) {  // nothing visible, no sink
+    *lse = max_score;
+    return;
   }
-  for (int64_t j = 0; j <= last_key; ++j) {
-    const Acc prob = round(scores[j] / sum);
-    const int64_t v_off = offset(b, j, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  Acc sum = std::exp(sink - max_score);  // 0 without a sink
+  for (int64_t j = first; j < end; ++j) {
+    scores[j - first] = std::exp(scores[j - first] - max_score);
+    sum += scores[j - first];
+  }
+  for (int64_t j = first; j < end; ++j) {
+    const Acc prob = round(scores[j - first] / sum);
+    const int64_t v_off = seq.v_offset(p, b, j, hk);
     for (int64_t c = 0; c < d; ++c)
       out_row[c] += prob * Acc(detail::load_as_float(p.v, p.dtype, v_off + c));
   }
@@ -62,24 +68,30 @@ void reference_row(const AttentionParams& p, int64_t b, int64_t h, int64_t i, Ro
 
 template <class Acc, class Round>
 void reference_all(const AttentionParams& p, Round round, Acc* out, Acc* lse) {
-  const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
+  const int64_t pairs = p.batch * p.heads_q;
 #pragma omp parallel
   {
     std::vector<Acc> scores(p.seqlen_k);
-#pragma omp for schedule(dynamic, 16)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = r % p.seqlen_q;
-      const int64_t h = (r / p.seqlen_q) % p.heads_q;
-      const int64_t b = r / (p.seqlen_q * p.heads_q);
-      Acc* out_row = out + ((b * p.seqlen_q + i) * p.heads_q + h) * p.head_dim;
-      reference_row(p, b, h, i, round, scores, out_row, lse + r);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < pairs; ++bh) {
+      const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
+      const Seqlen seq(p, b);
+      for (int64_t i = 0; i < seq.seqlen_q; ++i) {
+        Acc* out_row = out + (contiguous_row(p, b, seq, i) * p.heads_q + h) * p.head_dim;
+        reference_row(p, b, h, seq, i, round, scores, out_row, lse + seq.lse_index(p, b, h, i));
+      }
     }
   }
 }
 
+// Rows of q (and of the oracle's contiguous output).
+int64_t output_rows(const AttentionParams& p) {
+  return p.is_varlen() ? p.total_q : p.batch * p.seqlen_q;
+}
+
 ReferenceResult run_reference(const AttentionParams& p, ReferencePrecision precision) {
-  const int64_t out_size = p.batch * p.seqlen_q * p.heads_q * p.head_dim;
-  const int64_t lse_size = p.batch * p.heads_q * p.seqlen_q;
+  const int64_t out_size = output_rows(p) * p.heads_q * p.head_dim;
+  const int64_t lse_size = output_rows(p) * p.heads_q;
   ReferenceResult result{std::vector<double>(out_size), std::vector<double>(lse_size)};
   if (precision == ReferencePrecision::exact) {
     reference_all<double>(p, [](double x) { return x; }, result.out.data(), result.lse.data());
@@ -96,14 +108,16 @@ ReferenceResult run_reference(const AttentionParams& p, ReferencePrecision preci
 
 void run_reference_backend(const AttentionParams& p) {
   const ReferenceResult r = run_reference(p, ReferencePrecision::exact);
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t i = 0; i < p.seqlen_q; ++i)
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Seqlen seq(p, b);
+    for (int64_t i = 0; i < seq.seqlen_q; ++i)
       for (int64_t h = 0; h < p.heads_q; ++h) {
-        const int64_t src = ((b * p.seqlen_q + i) * p.heads_q + h) * p.head_dim;
-        const int64_t dst = offset(b, i, h, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+        const int64_t src = (contiguous_row(p, b, seq, i) * p.heads_q + h) * p.head_dim;
+        const int64_t dst = seq.o_offset(p, b, i, h);
         for (int64_t c = 0; c < p.head_dim; ++c)
           detail::store_from_float(p.o, p.dtype, dst + c, static_cast<float>(r.out[src + c]));
       }
+  }
   if (p.lse != nullptr)
     for (size_t i = 0; i < r.lse.size(); ++i) p.lse[i] = static_cast<float>(r.lse[i]);
 }
@@ -111,18 +125,34 @@ void run_reference_backend(const AttentionParams& p) {
 std::string always_available() { return ""; }
 // The double-precision output and LSE it builds before rounding them out.
 int64_t reference_workspace_bytes(const AttentionParams& p) {
-  return (p.batch * p.seqlen_q * p.heads_q * (p.head_dim + 1)) * int64_t(sizeof(double));
+  return output_rows(p) * p.heads_q * (p.head_dim + 1) * int64_t(sizeof(double));
 }
 std::string supports_everything(const AttentionParams&) { return ""; }
 
 }  // namespace
 
-ReferenceResult reference_attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                                    const Options& options, ReferencePrecision precision) {
+namespace {
+void require_cpu(const TensorView& q, const TensorView& k, const TensorView& v) {
   for (const TensorView* t : {&q, &k, &v})
     if (t->device.type != DeviceType::cpu)
       throw Error(ErrorKind::invalid_argument, "reference_attention: inputs must be on the cpu");
-  return run_reference(detail::validate(q, k, v, nullptr, options), precision);
+}
+}  // namespace
+
+ReferenceResult reference_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const Options& options, ReferencePrecision precision) {
+  require_cpu(q, k, v);
+  return run_reference(detail::validate({q, k, v, nullptr, nullptr, options, "reference_attention"}),
+                       precision);
+}
+
+ReferenceResult reference_attention_varlen(const TensorView& q, const TensorView& k,
+                                           const TensorView& v, const Varlen& varlen,
+                                           const Options& options, ReferencePrecision precision) {
+  require_cpu(q, k, v);
+  return run_reference(
+      detail::validate({q, k, v, nullptr, &varlen, options, "reference_attention_varlen"}),
+      precision);
 }
 
 ErrorStats compare_to_reference(const TensorView& out, const std::vector<double>& ref) {
@@ -200,10 +230,15 @@ Verification verify_against(const ReferenceResult& exact, const ReferenceResult*
 }
 
 Verification verify_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                            const TensorView& out, const float* lse, const Options& options) {
-  const ReferenceResult exact = reference_attention(q, k, v, options, ReferencePrecision::exact);
+                            const TensorView& out, const float* lse, const Options& options,
+                            const Varlen* varlen) {
+  auto reference = [&](ReferencePrecision precision) {
+    return varlen ? reference_attention_varlen(q, k, v, *varlen, options, precision)
+                  : reference_attention(q, k, v, options, precision);
+  };
+  const ReferenceResult exact = reference(ReferencePrecision::exact);
   if (q.dtype == DType::f32) return verify_against(exact, nullptr, out, lse);
-  const ReferenceResult low = reference_attention(q, k, v, options, ReferencePrecision::lowprec);
+  const ReferenceResult low = reference(ReferencePrecision::lowprec);
   return verify_against(exact, &low, out, lse);
 }
 

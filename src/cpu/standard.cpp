@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "api/backend.hpp"
+#include "attn/seqlen.hpp"
 #include "common/numeric.hpp"
 
 namespace flashtile::detail {
@@ -36,6 +37,8 @@ void run_standard(const AttentionParams& p) {
   float* O = V + n_k * d;       // (n_q, d)
 
   for (int64_t b = 0; b < p.batch; ++b) {
+    const SeqlenInfo<int64_t> seq(p, b);
+    const Mask<int64_t> mask = seq.mask(p);
     for (int64_t h = 0; h < p.heads_q; ++h) {
       const int64_t hk = h / p.heads_per_kv();
       gather_head(p.q, p.dtype, b * p.q_batch_stride + h * p.q_head_stride, p.q_row_stride, n_q,
@@ -46,11 +49,11 @@ void run_standard(const AttentionParams& p) {
                   d, V);
       // S = Q·Kᵀ·scale, with the causal mask as -inf.
       for (int64_t i = 0; i < n_q; ++i) {
-        const int64_t last_key = p.causal ? i + p.causal_offset() : n_k - 1;
+        const int64_t key_end = mask.key_end(i);
         for (int64_t j = 0; j < n_k; ++j) {
           float dot = 0.0f;
           for (int64_t c = 0; c < d; ++c) dot += Q[i * d + c] * K[j * d + c];
-          S[i * n_k + j] = j <= last_key ? dot * p.scale : -std::numeric_limits<float>::infinity();
+          S[i * n_k + j] = j < key_end ? dot * p.scale : -std::numeric_limits<float>::infinity();
         }
       }
       // Three-pass softmax per row; P overwrites S.
@@ -64,11 +67,11 @@ void run_standard(const AttentionParams& p) {
                                                                        : std::exp(row[j] - row_max);
           sum += row[j];
         }
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // fully masked row -> 0
+        const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;  // fully masked row -> 0
         for (int64_t j = 0; j < n_k; ++j) row[j] *= inv;
         if (p.lse != nullptr)
-          p.lse[(b * p.heads_q + h) * n_q + i] =
-              sum > 0.0f ? row_max + std::log(sum) : -std::numeric_limits<float>::infinity();
+          p.lse[seq.lse_index(p, b, h, i)] =
+              sum == 0.0f ? -std::numeric_limits<float>::infinity() : row_max + std::log(sum);
       }
       // O = P·V.
       for (int64_t i = 0; i < n_q; ++i) {
@@ -88,8 +91,10 @@ std::string always_available() { return ""; }
 
 std::string standard_unsupported(const AttentionParams& p) {
   // The materialised S must fit: refuse rather than fail in the allocator.
-  constexpr int64_t kMaxScoreBytes = int64_t(8) << 30;
-  if (p.seqlen_q * p.seqlen_k * int64_t(sizeof(float)) > kMaxScoreBytes)
+  if (std::string why = journey_unsupported(p, "cpu_standard"); !why.empty()) return why;
+  // Divided rather than multiplied, so that no product can wrap past the limit.
+  constexpr int64_t kMaxScores = (int64_t(8) << 30) / int64_t(sizeof(float));
+  if (p.seqlen_q > kMaxScores / p.seqlen_k)
     return "seqlen_q*seqlen_k*4 bytes for S exceeds 8 GiB (this is why flash attention exists)";
   return "";
 }

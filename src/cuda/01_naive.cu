@@ -11,7 +11,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common/online_softmax.hpp"
+#include "attn/seqlen.hpp"
+#include "attn/softmax_state.hpp"
 #include "cuda/common.cuh"
 
 namespace flashtile::detail {
@@ -77,8 +78,8 @@ __global__ void __launch_bounds__(kNaiveThreads) naive_forward_kernel(const Atte
     acc[c] = 0.0f;
   }
   // Keys this row may see: all, or j <= i + seqlen_k - seqlen_q when causal (may be none).
-  const int64_t n_keys = p.causal ? std::min<int64_t>(p.seqlen_k, i + p.causal_offset() + 1)
-                                  : p.seqlen_k;
+  const SeqlenInfo<int64_t> seq(p, b);
+  const int64_t n_keys = seq.mask(p).key_end(i);
   SoftmaxState<float> state;
   for (int64_t j = 0; j < n_keys; ++j) {
     if (j + kPrefetchDistance < n_keys) {
@@ -102,7 +103,7 @@ __global__ void __launch_bounds__(kNaiveThreads) naive_forward_kernel(const Atte
                           p.o_head_stride);
 #pragma unroll
   for (int c = 0; c < kHeadDim; ++c) o_row[c] = acc[c] * inv_l;
-  if (p.lse != nullptr) p.lse[(b * p.heads_q + h) * p.seqlen_q + i] = log_sum_exp(state);
+  if (p.lse != nullptr) p.lse[seq.lse_index(p, b, h, i)] = log_sum_exp(state);
 }
 
 // Every q, k and v row starts on a 16-byte boundary (base pointers and strides).
@@ -118,6 +119,7 @@ bool rows_16_byte_aligned(const AttentionParams& p) {
 
 std::string naive_unsupported(const AttentionParams& p) {
   if (p.dtype != DType::f32) return "cuda_naive supports float32 only";
+  if (std::string why = journey_unsupported(p, "cuda_naive"); !why.empty()) return why;
   if (std::string why = head_dim_unsupported<32, 64, 128>(p, "cuda_naive"); !why.empty())
     return why;
   return grid_unsupported(p);

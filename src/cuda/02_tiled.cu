@@ -16,7 +16,8 @@
 #include <algorithm>
 #include <limits>
 
-#include "common/online_softmax.hpp"
+#include "attn/seqlen.hpp"
+#include "attn/softmax_state.hpp"
 #include "cuda/common.cuh"
 
 namespace flashtile::detail {
@@ -84,11 +85,11 @@ __global__ void __launch_bounds__(TiledTraits<kHeadDim>::kThreads)
   }
 
   // Key range of the whole block; with causal, later tiles are above every row's diagonal.
+  const SeqlenInfo<int64_t> seq(p, b);
+  const Mask<int64_t> mask = seq.mask(p);
   const int64_t block_last_row = std::min<int64_t>(row_start + kBlockM, p.seqlen_q) - 1;
-  const int64_t n_keys = p.causal ? std::clamp<int64_t>(block_last_row + p.causal_offset() + 1,
-                                                        0, p.seqlen_k)
-                                  : p.seqlen_k;
-  const int64_t row_last_key = p.causal ? i + p.causal_offset() : p.seqlen_k - 1;
+  const int64_t n_keys = mask.key_end(block_last_row);
+  const int64_t row_key_end = mask.key_end(i);
 
   const float* k_head = bshd_ptr(static_cast<const float*>(p.k), b, 0, hk, p.k_batch_stride,
                                  p.k_row_stride, p.k_head_stride);
@@ -119,8 +120,7 @@ __global__ void __launch_bounds__(TiledTraits<kHeadDim>::kThreads)
       for (int offset = 1; offset < kThreadsPerRow; offset *= 2)
         partial += __shfl_xor_sync(0xffffffffu, partial, offset);
       const int64_t key = tile_start + j;
-      s[j] = (key < p.seqlen_k && key <= row_last_key) ? partial
-                                                       : -std::numeric_limits<float>::infinity();
+      s[j] = key < row_key_end ? partial : -std::numeric_limits<float>::infinity();
     }
 
     const float alpha = online_softmax_block(state, s, kBlockN);  // s -> probabilities
@@ -153,11 +153,12 @@ __global__ void __launch_bounds__(TiledTraits<kHeadDim>::kThreads)
     dst[3] = acc[c].w * inv_l;
   }
   if (p.lse != nullptr && lane_in_row == 0)
-    p.lse[(b * p.heads_q + h) * p.seqlen_q + i] = log_sum_exp(state);
+    p.lse[seq.lse_index(p, b, h, i)] = log_sum_exp(state);
 }
 
 std::string tiled_unsupported(const AttentionParams& p) {
   if (p.dtype != DType::f32) return "cuda_tiled supports float32 only";
+  if (std::string why = journey_unsupported(p, "cuda_tiled"); !why.empty()) return why;
   if (std::string why = head_dim_unsupported<32, 64, 128>(p, "cuda_tiled"); !why.empty())
     return why;
   return grid_unsupported(p);

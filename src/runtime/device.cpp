@@ -6,6 +6,7 @@
 #include <string>
 
 #include "flashtile/flashtile.hpp"
+#include "runtime/host_copy.hpp"
 
 #if FLASHTILE_WITH_CUDA
 #include <cuda_runtime.h>
@@ -107,6 +108,46 @@ float event_pair_record_stop_ms(EventPair* events) {
 }
 }  // namespace detail
 
+
+namespace detail {
+std::string copy_device_int32_to_host(const int32_t* src, int64_t n, int device, void* stream_ptr,
+                                      std::vector<int32_t>& dst) {
+  auto error = [](const char* what, cudaError_t status) {
+    cudaGetLastError();
+    return std::string(what) + " failed: " + cudaGetErrorString(status);
+  };
+  cudaPointerAttributes attributes{};
+  if (cudaError_t status = cudaPointerGetAttributes(&attributes, src); status != cudaSuccess)
+    return error("cudaPointerGetAttributes", status);
+  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
+    return "must point to CUDA device memory (got host memory)";
+  if (attributes.type == cudaMemoryTypeDevice && attributes.device != device)
+    return "must be on cuda:" + std::to_string(device) + " (got cuda:" +
+           std::to_string(attributes.device) + ")";
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  int previous = 0;
+  if (cudaError_t status = cudaGetDevice(&previous); status != cudaSuccess)
+    return error("cudaGetDevice", status);
+  std::string why;
+  if (cudaError_t status = cudaSetDevice(device); status != cudaSuccess) return error("cudaSetDevice", status);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaError_t status = cudaStreamIsCapturing(stream, &capture); status != cudaSuccess) {
+    why = error("cudaStreamIsCapturing", status);
+  } else if (capture != cudaStreamCaptureStatusNone) {
+    why = "are read on the host for validation, which cannot happen while the stream is "
+          "being captured into a CUDA graph";
+  } else {
+    dst.resize(static_cast<size_t>(n));
+    cudaError_t status = cudaMemcpyAsync(dst.data(), src, static_cast<size_t>(n) * sizeof(int32_t),
+                                         cudaMemcpyDeviceToHost, stream);
+    if (status == cudaSuccess) status = cudaStreamSynchronize(stream);
+    if (status != cudaSuccess) why = error("reading them", status);
+  }
+  cudaSetDevice(previous);
+  return why;
+}
+}  // namespace detail
+
 #else  // CPU-only build
 
 namespace {
@@ -131,6 +172,11 @@ EventPair* event_pair_create(int) { no_cuda(); }
 void event_pair_destroy(EventPair*) {}
 void event_pair_record_start(EventPair*) { no_cuda(); }
 float event_pair_record_stop_ms(EventPair*) { no_cuda(); }
+}  // namespace detail
+namespace detail {
+std::string copy_device_int32_to_host(const int32_t*, int64_t, int, void*, std::vector<int32_t>&) {
+  return "flashtile was built without CUDA";
+}
 }  // namespace detail
 
 #endif

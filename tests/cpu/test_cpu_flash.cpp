@@ -13,7 +13,7 @@
 
 #include "support/oracle_check.hpp"
 #include "api/params.hpp"
-#include "common/online_softmax.hpp"
+#include "attn/softmax_state.hpp"
 #include "testing/attention_case.hpp"
 #include "support/backend_grid.hpp"
 

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "common/online_softmax.hpp"
+#include "attn/softmax_state.hpp"
 
 namespace flashtile::detail {
 namespace {

@@ -73,6 +73,7 @@ std::string alignment_unsupported(const AttentionParams& p) {
 }
 
 std::string mma_unsupported(const AttentionParams& p) {
+  if (std::string why = journey_unsupported(p, "cuda_mma"); !why.empty()) return why;
   if (p.dtype != DType::f16 && p.dtype != DType::bf16)
     return "cuda_mma supports float16 and bfloat16; got " + std::string(dtype_name(p.dtype));
   if (p.head_dim % 8 != 0 || p.head_dim > 256)

@@ -11,7 +11,7 @@
 //  - S and P never leave registers: the fp32 accumulator layout of S is, pairwise, the
 //    A-operand layout of P·V, so P is packed to 16-bit pairs in place.
 //  - exp2 on the SFU with scale·log2(e) folded into one FFMA per score; the m/l update
-//    goes through src/common/online_softmax.hpp (natural-log state, l kept as per-thread
+//    goes through src/attn/softmax_state.hpp (natural-log state, l kept as per-thread
 //    partial sums and reduced across the quad once at the end).
 //  - Masking costs nothing on interior tiles: only tiles that cross the causal diagonal
 //    or the end of K evaluate the mask; causal blocks skip tiles above the diagonal, and
@@ -35,7 +35,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "common/online_softmax.hpp"
+#include "attn/softmax_state.hpp"
 #include "cuda/common.cuh"
 #include "cuda/ptx/mma.cuh"
 
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Keys this block needs: with causal, tiles wholly above the last row's diagonal are
   // skipped. Tiles are visited last-first, so tile t covers keys from (n_tiles-1-t)·kBlockN.
   int n_keys = seqlen_k;
-  if (p.causal) {
+  if (p.is_causal()) {
     const int last_row = min(row_start + kBlockM, seqlen_q) - 1;
     n_keys = max(0, min(seqlen_k, last_row + causal_offset + 1));
   }
@@ -330,14 +330,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     // Mask only the tiles that cross the end of K or the causal diagonal of the block's
     // first row; every other tile is fully visible to every row of the block.
     const bool needs_mask = n0 + kBlockN > seqlen_k ||
-                            (p.causal && n0 + kBlockN - 1 > row_start + causal_offset);
+                            (p.is_causal() && n0 + kBlockN - 1 > row_start + causal_offset);
     if (needs_mask) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = row_start + warp_row0 + mt * 16 + g + 8 * half;
-          const int key_end = p.causal ? min(seqlen_k, row + causal_offset + 1) : seqlen_k;
+          const int key_end = p.is_causal() ? min(seqlen_k, row + causal_offset + 1) : seqlen_k;
 #pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll

@@ -1,12 +1,15 @@
 // The online softmax (Milakov & Gimelshein 2018; FlashAttention): a running max m and a
 // running denominator l, with the partial output rescaled whenever m grows. Every kernel,
-// CPU and GPU, folds its blocks of scores through these functions.
+// CPU and GPU, folds its blocks of scores through these functions, merges states of
+// disjoint key ranges (split-KV, ring attention) with merge_states, adds a sink with
+// add_sink and finalises with output_scale / log_sum_exp.
 //
 // For scores s_1..s_n seen so far, the invariant after each step is
 //   m = max_j s_j,   l = Σ_j exp(s_j - m),   acc = Σ_j exp(s_j - m) · v_j,
 // so the final output is acc / l and the log-sum-exp is m + log(l).
-// Masked scores are -inf; a row whose every score is masked keeps m = -inf, l = 0 and
-// finalises to an output of 0 and LSE = -inf (never NaN).
+// Masking is the only source of an empty state: masked scores are -inf, and a row whose
+// every score is masked keeps m = -inf, l = 0 and finalises to 0 with LSE = -inf. A NaN
+// score never looks masked: it makes l NaN, and the row's output and LSE NaN.
 #pragma once
 
 #include <cmath>
@@ -71,16 +74,50 @@ FT_HOST_DEVICE T online_softmax_block(SoftmaxState<T>& state, T* scores, int n) 
   return alpha;
 }
 
-// Factor that turns the accumulator into the output: 1/l, or 0 for a fully masked row.
+// The factors by which two accumulators are scaled when their states are merged.
 template <class T>
-FT_HOST_DEVICE T output_scale(const SoftmaxState<T>& state) {
-  return state.l > T(0) ? T(1) / state.l : T(0);
+struct MergeFactors {
+  T self;   // for the accumulator of the state merged into
+  T other;  // for the accumulator of the other state
+};
+
+// Folds `other`, the state of a disjoint set of scores, into `state`: the merged
+// accumulator is self·acc + other·acc_other. Either state may be empty.
+template <class T>
+FT_HOST_DEVICE MergeFactors<T> merge_states(SoftmaxState<T>& state, const SoftmaxState<T>& other) {
+  const T m = state.m > other.m ? state.m : other.m;
+  if (m == -std::numeric_limits<T>::infinity()) return {T(1), T(0)};  // both empty
+  const T self = softmax_exp(state.m - m), from_other = softmax_exp(other.m - m);
+  state.l = state.l * self + other.l * from_other;
+  state.m = m;
+  return {self, from_other};
 }
 
-// Natural-log log-sum-exp of all scores seen: m + log(l), or -inf for a fully masked row.
+// The state of a finished partial result whose log-sum-exp is `lse` (its accumulator is
+// the normalised partial output): what split-KV partials are merged from.
+template <class T>
+FT_HOST_DEVICE SoftmaxState<T> state_from_lse(T lse) {
+  return lse == -std::numeric_limits<T>::infinity() ? SoftmaxState<T>{} : SoftmaxState<T>{lse, T(1)};
+}
+
+// An attention sink: a logit that joins the denominator with no value (its accumulator is
+// 0). Returns the factor for the row's accumulator. A sink of -inf changes nothing.
+template <class T>
+FT_HOST_DEVICE T add_sink(SoftmaxState<T>& state, T sink_logit) {
+  return merge_states(state, SoftmaxState<T>{sink_logit, T(1)}).self;
+}
+
+// Factor that turns the accumulator into the output: 1/l, or 0 for an empty (fully
+// masked) row. A NaN l stays NaN.
+template <class T>
+FT_HOST_DEVICE T output_scale(const SoftmaxState<T>& state) {
+  return state.l == T(0) ? T(0) : T(1) / state.l;
+}
+
+// Natural-log log-sum-exp of all scores seen: m + log(l), or -inf for an empty row.
 template <class T>
 FT_HOST_DEVICE T log_sum_exp(const SoftmaxState<T>& state) {
-  return state.l > T(0) ? state.m + softmax_log(state.l) : -std::numeric_limits<T>::infinity();
+  return state.l == T(0) ? -std::numeric_limits<T>::infinity() : state.m + softmax_log(state.l);
 }
 
 }  // namespace flashtile::detail

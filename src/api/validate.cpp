@@ -1,0 +1,380 @@
+// The validator: every check happens here, on the host, before any backend touches memory.
+// A backend receives AttentionParams that are already valid; sizes are computed with
+// overflow-checked arithmetic, so nothing downstream can wrap.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <vector>
+
+#include "api/params.hpp"
+#include "runtime/host_copy.hpp"
+
+namespace flashtile::detail {
+namespace {
+
+constexpr const char* kTensorNames[] = {"q", "k", "v", "out"};
+constexpr const char* kDims[] = {"batch", "seqlen", "heads", "head_dim"};
+
+// Byte range [first, last] a view can touch (exact bounds of a strided view's footprint).
+struct ByteRange {
+  uintptr_t first, last;
+  const char* name;
+  bool overlaps(const ByteRange& other) const { return first <= other.last && other.first <= last; }
+};
+
+class Validator {
+ public:
+  explicit Validator(const CallArgs& call) : call_(call) {}
+  AttentionParams run();
+
+ private:
+  template <class... Parts>
+  [[noreturn]] void fail(ErrorKind kind, const Parts&... parts) const {
+    std::ostringstream message;
+    message << call_.api << ": ";
+    (message << ... << parts);
+    throw Error(kind, message.str());
+  }
+  int64_t mul(int64_t a, int64_t b, const char* what) const {
+    int64_t r;
+    if (__builtin_mul_overflow(a, b, &r))
+      fail(ErrorKind::invalid_argument, what, " is too large (", a, " * ", b, " overflows int64)");
+    return r;
+  }
+  int64_t add(int64_t a, int64_t b, const char* what) const {
+    int64_t r;
+    if (__builtin_add_overflow(a, b, &r))
+      fail(ErrorKind::invalid_argument, what, " is too large (", a, " + ", b, " overflows int64)");
+    return r;
+  }
+  // [first, last] byte range of `bytes_per` * (1 + Σ (extent_i - 1)·stride_i) bytes at data.
+  ByteRange range(const void* data, int64_t last_element, int64_t bytes_per, const char* name) const {
+    const int64_t bytes = mul(add(last_element, 1, name), bytes_per, name);
+    const auto first = reinterpret_cast<uintptr_t>(data);
+    if (static_cast<uint64_t>(bytes) - 1 > std::numeric_limits<uintptr_t>::max() - first)
+      fail(ErrorKind::invalid_argument, name, " extends past the end of the address space");
+    return {first, first + static_cast<uintptr_t>(bytes) - 1, name};
+  }
+
+  void check_view(const TensorView& t, const char* name);
+  ByteRange view_range(const TensorView& t, const char* name) const;
+  void expect_dim(const TensorView& t, const char* name, int dim, int64_t expected,
+                  const char* what) const {
+    if (t.shape[dim] != expected)
+      fail(ErrorKind::invalid_argument, name, ".shape[", dim, "] must equal ", what,
+           " (expected ", expected, ", got ", t.shape[dim], ")");
+  }
+  void check_param_view(const ParamView& view, const char* name, int64_t batch, bool allow_2d,
+                        int64_t& batch_stride, int64_t& head_stride);
+  void read_varlen(AttentionParams& p);
+  std::vector<int32_t> read_int32(const int32_t* data, int64_t n, const char* name) const;
+  void normalise_window(AttentionParams& p) const;
+
+  const CallArgs& call_;
+  std::vector<ByteRange> inputs_;  // q, k, v, slopes, sinks (then out): what out and lse must not overlap
+};
+
+ByteRange Validator::view_range(const TensorView& t, const char* name) const {
+  int64_t last = 0;
+  for (int i = 0; i < 4; ++i) last = add(last, mul(t.shape[i] - 1, t.strides[i], name), name);
+  return range(t.data, last, int64_t(dtype_size(t.dtype)), name);
+}
+
+void Validator::check_view(const TensorView& t, const char* name) {
+  if (t.data == nullptr) fail(ErrorKind::invalid_argument, name, ".data is null");
+  if (t.dtype != DType::f32 && t.dtype != DType::f16 && t.dtype != DType::bf16)
+    fail(ErrorKind::dtype, name, ".dtype is not a flashtile::DType (value ",
+         static_cast<int>(t.dtype), ")");
+  for (int i = 0; i < 4; ++i) {
+    if (t.shape[i] <= 0)
+      fail(ErrorKind::invalid_argument, name, ".shape[", i, "] (", kDims[i],
+           ") must be positive, got ", t.shape[i]);
+  }
+  int64_t numel = 1;
+  for (int i = 0; i < 4; ++i) numel = mul(numel, t.shape[i], name);
+  if (t.strides[3] != 1)
+    fail(ErrorKind::invalid_argument, name, ".strides[3] (head_dim stride) must be 1, got ",
+         t.strides[3]);
+  for (int i = 0; i < 3; ++i) {
+    if (t.strides[i] < 0)
+      fail(ErrorKind::invalid_argument, name, ".strides[", i, "] must be non-negative, got ",
+           t.strides[i]);
+  }
+  if (t.device.type != DeviceType::cpu && t.device.type != DeviceType::cuda)
+    fail(ErrorKind::invalid_argument, name, ".device type is not a flashtile::DeviceType");
+  if (t.device.type == DeviceType::cuda && t.device.index < 0)
+    fail(ErrorKind::invalid_argument, name, ".device index must be >= 0, got ", t.device.index);
+}
+
+void Validator::check_param_view(const ParamView& view, const char* name, int64_t batch,
+                                 bool allow_2d, int64_t& batch_stride, int64_t& head_stride) {
+  const int64_t heads = call_.q.heads();
+  if (!(view.device == call_.q.device))
+    fail(ErrorKind::invalid_argument, name, ".device must match q.device (expected ",
+         device_name(call_.q.device), ", got ", device_name(view.device), ")");
+  const char* shapes = allow_2d ? "(heads_q) or (batch, heads_q)" : "(heads_q)";
+  if (view.ndim == 1 && view.shape[0] == heads) {
+    batch_stride = 0;
+    head_stride = view.strides[0];
+  } else if (allow_2d && view.ndim == 2 && view.shape[0] == batch && view.shape[1] == heads) {
+    batch_stride = view.strides[0];
+    head_stride = view.strides[1];
+  } else {
+    std::ostringstream given;
+    given << "(";
+    for (int i = 0; i < std::clamp(view.ndim, 0, 2); ++i) given << (i ? ", " : "") << view.shape[i];
+    given << (view.ndim == 1 ? ",)" : ")");
+    if (view.ndim < 1 || view.ndim > 2) given.str(std::to_string(view.ndim) + "-D");
+    fail(ErrorKind::invalid_argument, name, " must be shaped ", shapes, " = (", batch, ", ",
+         heads, "), got ", given.str());
+  }
+  if (batch_stride < 0 || head_stride < 0)
+    fail(ErrorKind::invalid_argument, name, " strides must be non-negative");
+  const int64_t last = add(mul(batch_stride, view.ndim == 2 ? batch - 1 : 0, name),
+                           mul(head_stride, heads - 1, name), name);
+  inputs_.push_back(range(view.data, last, int64_t(sizeof(float)), name));
+}
+
+std::vector<int32_t> Validator::read_int32(const int32_t* data, int64_t n, const char* name) const {
+  if (data == nullptr) fail(ErrorKind::invalid_argument, "varlen.", name, " is null");
+  if (call_.q.device.type == DeviceType::cpu) return std::vector<int32_t>(data, data + n);
+  std::vector<int32_t> host;
+  const std::string why = copy_device_int32_to_host(data, n, call_.q.device.index,
+                                                    call_.options.stream, host);
+  if (!why.empty()) fail(ErrorKind::invalid_argument, "varlen.", name, " ", why);
+  return host;
+}
+
+// Reads cu_seqlens (and seqused_k) on the host, checks them against the packed tensors, and
+// sets the batch, the longest lengths and the packed totals.
+void Validator::read_varlen(AttentionParams& p) {
+  const Varlen& varlen = *call_.varlen;
+  const int64_t batch = varlen.batch;
+  if (batch <= 0) fail(ErrorKind::invalid_argument, "varlen.batch must be positive, got ", batch);
+  if (batch >= std::numeric_limits<int32_t>::max())
+    fail(ErrorKind::invalid_argument, "varlen.batch must be < 2^31 - 1, got ", batch);
+  const TensorView* packed[] = {&call_.q, &call_.k, &call_.v, call_.out};
+  for (int i = 0; i < 4; ++i)
+    if (packed[i] != nullptr && packed[i]->shape[0] != 1)
+      fail(ErrorKind::invalid_argument, kTensorNames[i],
+           ".shape[0] must be 1 for a packed varlen batch ((1, total_tokens, heads, head_dim)), "
+           "got ", packed[i]->shape[0]);
+  const int64_t total_q = call_.q.seqlen(), total_k = call_.k.seqlen();
+  const std::vector<int32_t> cu_q = read_int32(varlen.cu_seqlens_q, batch + 1, "cu_seqlens_q");
+  const std::vector<int32_t> cu_k = read_int32(varlen.cu_seqlens_k, batch + 1, "cu_seqlens_k");
+  std::vector<int32_t> used;
+  if (varlen.seqused_k != nullptr) used = read_int32(varlen.seqused_k, batch, "seqused_k");
+
+  // Every query row belongs to a sequence (so every row of out is written); keys may
+  // leave rows unused at the end of k (a cache with spare room).
+  auto check_cu = [&](const std::vector<int32_t>& cu, const char* name, int64_t total,
+                      const char* tensor, bool cover_all) {
+    if (cover_all ? cu[0] != 0 : cu[0] < 0)
+      fail(ErrorKind::invalid_argument, "varlen.", name, "[0] must be ", cover_all ? "0" : ">= 0",
+           ", got ", cu[0]);
+    for (int64_t b = 0; b < batch; ++b)
+      if (cu[b + 1] < cu[b])
+        fail(ErrorKind::invalid_argument, "varlen.", name, " must be non-decreasing, but ", name,
+             "[", b + 1, "] = ", cu[b + 1], " < ", name, "[", b, "] = ", cu[b]);
+    if (cover_all ? cu[batch] != total : cu[batch] > total)
+      fail(ErrorKind::invalid_argument, "varlen.", name, "[", batch, "] must ",
+           cover_all ? "equal" : "not exceed", " the packed rows of ", tensor, " (", tensor,
+           ".shape[1] = ", total, "), got ", cu[batch]);
+  };
+  check_cu(cu_q, "cu_seqlens_q", total_q, "q", /*cover_all=*/true);
+  check_cu(cu_k, "cu_seqlens_k", total_k, "k", /*cover_all=*/false);
+
+  int64_t max_q = 0, max_k = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len_k = cu_k[b + 1] - cu_k[b];
+    int64_t used_k = len_k;
+    if (!used.empty()) {
+      if (used[b] < 0 || used[b] > len_k)
+        fail(ErrorKind::invalid_argument, "varlen.seqused_k[", b, "] must lie in [0, ", len_k,
+             "] (the keys of sequence ", b, "), got ", used[b]);
+      used_k = used[b];
+    }
+    max_q = std::max<int64_t>(max_q, cu_q[b + 1] - cu_q[b]);
+    max_k = std::max(max_k, used_k);
+  }
+  auto check_max = [&](const std::optional<int64_t>& given, int64_t actual, const char* name) {
+    if (given && *given < actual)
+      fail(ErrorKind::invalid_argument, "varlen.", name, " (", *given,
+           ") is smaller than the longest sequence (", actual, ")");
+  };
+  check_max(varlen.max_seqlen_q, max_q, "max_seqlen_q");
+  check_max(varlen.max_seqlen_k, max_k, "max_seqlen_k");
+
+  p.batch = batch;
+  p.seqlen_q = max_q;
+  p.seqlen_k = max_k;
+  p.total_q = total_q;
+  p.total_k = total_k;
+  p.cu_seqlens_q = varlen.cu_seqlens_q;
+  p.cu_seqlens_k = varlen.cu_seqlens_k;
+  p.seqused_k = varlen.seqused_k;
+}
+
+// FlashAttention's window rules, kept exact: causal sets right = 0; a side wide enough to
+// reach every key of every row is unbounded (-1).
+void Validator::normalise_window(AttentionParams& p) const {
+  const Window& w = call_.options.window;
+  if (w.left < -1)
+    fail(ErrorKind::invalid_argument, "window.left must be -1 (unbounded) or >= 0, got ", w.left);
+  int64_t right = w.right;
+  if (call_.options.causal) {
+    right = 0;
+  } else if (right < -1) {
+    fail(ErrorKind::invalid_argument, "window.right must be -1 (unbounded) or >= 0, got ", right);
+  }
+  int64_t left = w.left;
+  // Row i's first key is i + sk - sq - left <= 0 for every row once left >= sk - 1, and its
+  // last key i + sk - sq + right >= sk - 1 once right >= sq - 1 (per sequence: the longest).
+  if (left >= p.seqlen_k) left = -1;
+  if (right >= p.seqlen_q) right = -1;
+  p.window_left = left;
+  p.window_right = right;
+}
+
+AttentionParams Validator::run() {
+  const TensorView& q = call_.q;
+  const TensorView& k = call_.k;
+  const TensorView& v = call_.v;
+  const bool has_out = call_.out != nullptr;
+  const bool varlen = call_.varlen != nullptr;
+  // Without an output (the oracle's case) q stands in for it in the per-view checks.
+  const TensorView& out = has_out ? *call_.out : q;
+  const TensorView* views[] = {&q, &k, &v, &out};
+  const int n_views = has_out ? 4 : 3;
+  for (int i = 0; i < n_views; ++i) check_view(*views[i], kTensorNames[i]);
+
+  for (int i = 1; i < n_views; ++i) {
+    if (views[i]->dtype != q.dtype)
+      fail(ErrorKind::dtype, kTensorNames[i], ".dtype must match q.dtype (expected ",
+           dtype_name(q.dtype), ", got ", dtype_name(views[i]->dtype), ")");
+    if (!(views[i]->device == q.device))
+      fail(ErrorKind::invalid_argument, kTensorNames[i],
+           ".device must match q.device (expected ", device_name(q.device), ", got ",
+           device_name(views[i]->device), ")");
+  }
+
+  if (!varlen) {
+    expect_dim(k, "k", 0, q.batch(), "q batch");
+    expect_dim(v, "v", 0, q.batch(), "q batch");
+  }
+  expect_dim(k, "k", 3, q.head_dim(), "q head_dim");
+  expect_dim(v, "v", 3, q.head_dim(), "q head_dim");
+  expect_dim(v, "v", 1, k.seqlen(), "k seqlen");
+  expect_dim(v, "v", 2, k.heads(), "k heads");
+  if (q.heads() % k.heads() != 0)
+    fail(ErrorKind::invalid_argument, "q heads (", q.heads(), ") must be a multiple of k heads (",
+         k.heads(), ") for GQA/MQA");
+  if (has_out)
+    for (int i = 0; i < 4; ++i) expect_dim(out, "out", i, q.shape[i], "the q dimension");
+
+  AttentionParams p;
+  p.dtype = q.dtype;
+  p.device_index = q.device.index;
+  p.stream = call_.options.stream;
+  p.heads_q = q.heads();
+  p.heads_kv = k.heads();
+  p.head_dim = q.head_dim();
+  if (varlen) {
+    read_varlen(p);
+  } else {
+    p.batch = q.batch();
+    p.seqlen_q = q.seqlen();
+    p.seqlen_k = k.seqlen();
+  }
+
+  for (int i = 0; i < 3; ++i) inputs_.push_back(view_range(*views[i], kTensorNames[i]));
+
+  float scale = 1.0f / std::sqrt(static_cast<float>(q.head_dim()));
+  if (call_.options.scale) {
+    if (!std::isfinite(*call_.options.scale))
+      fail(ErrorKind::invalid_argument, "scale must be finite, got ", *call_.options.scale);
+    scale = *call_.options.scale;
+  }
+  p.scale = scale;
+  normalise_window(p);
+
+  const float softcap = call_.options.softcap;
+  if (!(std::isfinite(softcap) && softcap >= 0.0f))
+    fail(ErrorKind::invalid_argument, "softcap must be 0 (off) or a positive finite number, got ",
+         softcap);
+  p.softcap = softcap;
+  if (call_.options.alibi_slopes.given()) {
+    check_param_view(call_.options.alibi_slopes, "alibi_slopes", p.batch, /*allow_2d=*/true,
+                     p.alibi_batch_stride, p.alibi_head_stride);
+    p.alibi_slopes = call_.options.alibi_slopes.data;
+  }
+  if (call_.options.sinks.given()) {
+    int64_t unused_batch_stride = 0;
+    check_param_view(call_.options.sinks, "sinks", p.batch, /*allow_2d=*/false,
+                     unused_batch_stride, p.sinks_stride);
+    p.sinks = call_.options.sinks.data;
+  }
+
+  if (has_out) {
+    const ByteRange out_range = view_range(out, "out");
+    for (const ByteRange& input : inputs_)
+      if (out_range.overlaps(input))
+        fail(ErrorKind::invalid_argument, "out must not overlap ", input.name);
+    inputs_.push_back(out_range);
+  }
+
+  // LSE: [batch, heads, seqlen_q] dense, [heads, total_q] varlen, contiguous.
+  if (varlen) {
+    p.lse_batch_stride = 0;
+    p.lse_head_stride = p.total_q;
+  } else {
+    p.lse_head_stride = p.seqlen_q;
+    p.lse_batch_stride = mul(p.heads_q, p.seqlen_q, "lse");
+  }
+  if (call_.options.lse != nullptr) {
+    const int64_t elements = varlen ? mul(p.heads_q, p.total_q, "lse")
+                                    : mul(p.batch, p.lse_batch_stride, "lse");
+    const ByteRange lse_range =
+        range(call_.options.lse, elements - 1, int64_t(sizeof(float)), "lse");
+    for (const ByteRange& other : inputs_)
+      if (lse_range.overlaps(other))
+        fail(ErrorKind::invalid_argument, "lse must not overlap ", other.name);
+    p.lse = call_.options.lse;
+  }
+
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.o = out.data;
+  auto strides = [varlen](const TensorView& t, int64_t& b, int64_t& s, int64_t& h) {
+    b = varlen ? 0 : t.strides[0];
+    s = t.strides[1];
+    h = t.strides[2];
+  };
+  strides(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  strides(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  strides(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  strides(out, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+  return p;
+}
+
+}  // namespace
+
+AttentionParams validate(const CallArgs& call) { return Validator(call).run(); }
+
+std::string describe_variant(const AttentionParams& p) {
+  std::ostringstream d;
+  const char* sep = "";
+  if (p.has_mask() && !p.is_causal()) {
+    d << "window (" << p.window_left << ", " << p.window_right << ")";
+    sep = ", ";
+  }
+  if (p.softcap != 0.0f) d << sep << "softcap " << p.softcap, sep = ", ";
+  if (p.alibi_slopes != nullptr) d << sep << "ALiBi", sep = ", ";
+  if (p.sinks != nullptr) d << sep << "sinks", sep = ", ";
+  if (p.is_varlen()) d << sep << "varlen", sep = ", ";
+  return d.str();
+}
+
+}  // namespace flashtile::detail

@@ -1,0 +1,53 @@
+// Which keys a query sees: the causal / sliding-window mask of one sequence (the idea of
+// FlashAttention-2's mask.h). Query i sees key j when j - (i + seqlen_k - seqlen_q) lies in
+// [-left, right]; a side of -1 is unbounded, causal is right = 0 (bottom-right aligned).
+// Every backend, the oracle included, asks this struct; none writes the bound itself.
+#pragma once
+
+#include <cstdint>
+
+#include "common/host_device.hpp"
+
+namespace flashtile::detail {
+
+// Int: the position type of the kernel (int on the GPU, int64_t on the CPU). The bounds are
+// computed in int64 and clamped to [0, seqlen_k], so they fit Int whenever seqlen_k does.
+template <class Int>
+struct Mask {
+  int64_t left = -1, right = -1;  // window sides, -1 = unbounded
+  int64_t offset = 0;             // seqlen_k - seqlen_q: where the diagonal lies
+  Int seqlen_k = 0;
+
+  FT_HOST_DEVICE Mask(int64_t window_left, int64_t window_right, Int seqlen_q, Int seqlen_k_)
+      : left(window_left), right(window_right),
+        offset(int64_t(seqlen_k_) - int64_t(seqlen_q)), seqlen_k(seqlen_k_) {}
+
+  // First key query row i sees (may be >= key_end(i): the row sees nothing).
+  FT_HOST_DEVICE Int first_key(Int i) const {
+    if (left < 0) return 0;
+    return clamp_key(int64_t(i) + offset - left);
+  }
+  // One past the last key query row i sees.
+  FT_HOST_DEVICE Int key_end(Int i) const {
+    if (right < 0) return seqlen_k;
+    return clamp_key(int64_t(i) + offset + right + 1);
+  }
+  FT_HOST_DEVICE bool visible(Int i, Int j) const { return j >= first_key(i) && j < key_end(i); }
+  // Keys row i sees (0 for an empty row).
+  FT_HOST_DEVICE Int visible_keys(Int i) const {
+    const Int first = first_key(i), end = key_end(i);
+    return end > first ? end - first : Int(0);
+  }
+  // |i + seqlen_k - seqlen_q - j|: the distance ALiBi penalises.
+  FT_HOST_DEVICE Int distance(Int i, Int j) const {
+    const int64_t d = int64_t(i) + offset - int64_t(j);
+    return static_cast<Int>(d < 0 ? -d : d);
+  }
+
+ private:
+  FT_HOST_DEVICE Int clamp_key(int64_t key) const {
+    return static_cast<Int>(key < 0 ? 0 : (key > int64_t(seqlen_k) ? int64_t(seqlen_k) : key));
+  }
+};
+
+}  // namespace flashtile::detail
