@@ -12,14 +12,13 @@
 namespace flashtile::testing {
 
 // Checks c.out and c.lse (already copied back to the host for GPU runs) against the oracle
-// for c's inputs, causal flag and `scale` (default 1/sqrt(head_dim)).
+// for c's inputs, variant and `scale` (default 1/sqrt(head_dim)).
 inline ::testing::AssertionResult matches_oracle(const AttentionCase& c,
                                                  std::optional<float> scale = std::nullopt) {
-  Options ref;
-  ref.causal = c.shape.causal;
-  ref.scale = scale;
-  const Verification v =
-      verify_forward(c.q.view, c.k.view, c.v.view, c.out.view, c.lse.data(), ref);
+  const Options ref = c.reference_options(scale);
+  const std::optional<Varlen> varlen = c.varlen();
+  const Verification v = verify_forward(c.q.view, c.k.view, c.v.view, c.out.view, c.lse.data(),
+                                        ref, varlen ? &*varlen : nullptr);
   if (v.pass()) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
          << c.shape.describe() << ": out err " << v.out_error << " (bound " << v.out_bound
