@@ -154,12 +154,6 @@ void Validator::read_varlen(AttentionParams& p) {
   if (batch <= 0) fail(ErrorKind::invalid_argument, "varlen.batch must be positive, got ", batch);
   if (batch >= std::numeric_limits<int32_t>::max())
     fail(ErrorKind::invalid_argument, "varlen.batch must be < 2^31 - 1, got ", batch);
-  const TensorView* packed[] = {&call_.q, &call_.k, &call_.v, call_.out};
-  for (int i = 0; i < 4; ++i)
-    if (packed[i] != nullptr && packed[i]->shape[0] != 1)
-      fail(ErrorKind::invalid_argument, kTensorNames[i],
-           ".shape[0] must be 1 for a packed varlen batch ((1, total_tokens, heads, head_dim)), "
-           "got ", packed[i]->shape[0]);
   const int64_t total_q = call_.q.seqlen(), total_k = call_.k.seqlen();
   const std::vector<int32_t> cu_q = read_int32(varlen.cu_seqlens_q, batch + 1, "cu_seqlens_q");
   const std::vector<int32_t> cu_k = read_int32(varlen.cu_seqlens_k, batch + 1, "cu_seqlens_k");
@@ -259,7 +253,13 @@ AttentionParams Validator::run() {
            device_name(views[i]->device), ")");
   }
 
-  if (!varlen) {
+  if (varlen) {
+    for (int i = 0; i < n_views; ++i)
+      if (views[i]->shape[0] != 1)
+        fail(ErrorKind::invalid_argument, kTensorNames[i],
+             ".shape[0] must be 1 for a packed varlen batch ((1, total_tokens, heads, head_dim)), "
+             "got ", views[i]->shape[0]);
+  } else {
     expect_dim(k, "k", 0, q.batch(), "q batch");
     expect_dim(v, "v", 0, q.batch(), "q batch");
   }
