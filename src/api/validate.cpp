@@ -7,6 +7,7 @@
 #include <sstream>
 #include <vector>
 
+#include "api/overlap.hpp"
 #include "api/params.hpp"
 #include "runtime/host_copy.hpp"
 
@@ -16,12 +17,19 @@ namespace {
 constexpr const char* kTensorNames[] = {"q", "k", "v", "out"};
 constexpr const char* kDims[] = {"batch", "seqlen", "heads", "head_dim"};
 
-// Byte range [first, last] a view can touch (exact bounds of a strided view's footprint).
-struct ByteRange {
-  uintptr_t first, last;
+// The memory a view touches: its byte range (a quick test) and its exact strided layout.
+struct Footprint {
+  uintptr_t first, last;  // byte range [first, last]
+  StridedBytes layout;
   const char* name;
-  bool overlaps(const ByteRange& other) const { return first <= other.last && other.first <= last; }
 };
+
+// Whether two footprints share a byte: disjoint ranges settle it; otherwise the exact
+// search decides, and a search that gives up counts as an overlap.
+bool overlaps(const Footprint& a, const Footprint& b) {
+  if (a.first > b.last || b.first > a.last) return false;
+  return views_overlap(a.layout, b.layout) != Overlap::no;
+}
 
 class Validator {
  public:
@@ -48,17 +56,26 @@ class Validator {
       fail(ErrorKind::invalid_argument, what, " is too large (", a, " + ", b, " overflows int64)");
     return r;
   }
-  // [first, last] byte range of `bytes_per` * (1 + Σ (extent_i - 1)·stride_i) bytes at data.
-  ByteRange range(const void* data, int64_t last_element, int64_t bytes_per, const char* name) const {
+  // The footprint of a view with non-negative strides (in elements of `bytes_per` bytes).
+  Footprint footprint(const void* data, std::vector<int64_t> extents, std::vector<int64_t> strides,
+                      int64_t bytes_per, const char* name) const {
+    int64_t last_element = 0;
+    for (size_t i = 0; i < extents.size(); ++i)
+      last_element = add(last_element, mul(extents[i] - 1, strides[i], name), name);
     const int64_t bytes = mul(add(last_element, 1, name), bytes_per, name);
     const auto first = reinterpret_cast<uintptr_t>(data);
     if (static_cast<uint64_t>(bytes) - 1 > std::numeric_limits<uintptr_t>::max() - first)
       fail(ErrorKind::invalid_argument, name, " extends past the end of the address space");
-    return {first, first + static_cast<uintptr_t>(bytes) - 1, name};
+    for (int64_t& stride : strides) stride *= bytes_per;  // cannot wrap: bounded by `bytes`
+    return {first, first + static_cast<uintptr_t>(bytes) - 1,
+            {first, bytes_per, std::move(extents), std::move(strides)}, name};
   }
 
   void check_view(const TensorView& t, const char* name);
-  ByteRange view_range(const TensorView& t, const char* name) const;
+  Footprint view_footprint(const TensorView& t, const char* name) const {
+    return footprint(t.data, {t.shape.begin(), t.shape.end()}, {t.strides.begin(), t.strides.end()},
+                     int64_t(dtype_size(t.dtype)), name);
+  }
   void expect_dim(const TensorView& t, const char* name, int dim, int64_t expected,
                   const char* what) const {
     if (t.shape[dim] != expected)
@@ -72,14 +89,8 @@ class Validator {
   void normalise_window(AttentionParams& p) const;
 
   const CallArgs& call_;
-  std::vector<ByteRange> inputs_;  // q, k, v, slopes, sinks (then out): what out and lse must not overlap
+  std::vector<Footprint> inputs_;  // q, k, v, slopes, sinks (then out): what out and lse must not overlap
 };
-
-ByteRange Validator::view_range(const TensorView& t, const char* name) const {
-  int64_t last = 0;
-  for (int i = 0; i < 4; ++i) last = add(last, mul(t.shape[i] - 1, t.strides[i], name), name);
-  return range(t.data, last, int64_t(dtype_size(t.dtype)), name);
-}
 
 void Validator::check_view(const TensorView& t, const char* name) {
   if (t.data == nullptr) fail(ErrorKind::invalid_argument, name, ".data is null");
@@ -131,9 +142,8 @@ void Validator::check_param_view(const ParamView& view, const char* name, int64_
   }
   if (batch_stride < 0 || head_stride < 0)
     fail(ErrorKind::invalid_argument, name, " strides must be non-negative");
-  const int64_t last = add(mul(batch_stride, view.ndim == 2 ? batch - 1 : 0, name),
-                           mul(head_stride, heads - 1, name), name);
-  inputs_.push_back(range(view.data, last, int64_t(sizeof(float)), name));
+  inputs_.push_back(footprint(view.data, {view.ndim == 2 ? batch : 1, heads},
+                              {batch_stride, head_stride}, int64_t(sizeof(float)), name));
 }
 
 std::vector<int32_t> Validator::read_int32(const int32_t* data, int64_t n, const char* name) const {
@@ -288,7 +298,7 @@ AttentionParams Validator::run() {
     p.seqlen_k = k.seqlen();
   }
 
-  for (int i = 0; i < 3; ++i) inputs_.push_back(view_range(*views[i], kTensorNames[i]));
+  for (int i = 0; i < 3; ++i) inputs_.push_back(view_footprint(*views[i], kTensorNames[i]));
 
   float scale = 1.0f / std::sqrt(static_cast<float>(q.head_dim()));
   if (call_.options.scale) {
@@ -317,11 +327,15 @@ AttentionParams Validator::run() {
   }
 
   if (has_out) {
-    const ByteRange out_range = view_range(out, "out");
-    for (const ByteRange& input : inputs_)
-      if (out_range.overlaps(input))
+    const Footprint out_footprint = view_footprint(out, "out");
+    if (self_overlap(out_footprint.layout) != Overlap::no)
+      fail(ErrorKind::invalid_argument, "out must not overlap itself: its strides (", out.strides[0],
+           ", ", out.strides[1], ", ", out.strides[2], ", ", out.strides[3],
+           ") map distinct elements to the same memory");
+    for (const Footprint& input : inputs_)
+      if (overlaps(out_footprint, input))
         fail(ErrorKind::invalid_argument, "out must not overlap ", input.name);
-    inputs_.push_back(out_range);
+    inputs_.push_back(out_footprint);
   }
 
   // LSE: [batch, heads, seqlen_q] dense, [heads, total_q] varlen, contiguous.
@@ -335,10 +349,10 @@ AttentionParams Validator::run() {
   if (call_.options.lse != nullptr) {
     const int64_t elements = varlen ? mul(p.heads_q, p.total_q, "lse")
                                     : mul(p.batch, p.lse_batch_stride, "lse");
-    const ByteRange lse_range =
-        range(call_.options.lse, elements - 1, int64_t(sizeof(float)), "lse");
-    for (const ByteRange& other : inputs_)
-      if (lse_range.overlaps(other))
+    const Footprint lse_footprint =
+        footprint(call_.options.lse, {elements}, {1}, int64_t(sizeof(float)), "lse");
+    for (const Footprint& other : inputs_)
+      if (overlaps(lse_footprint, other))
         fail(ErrorKind::invalid_argument, "lse must not overlap ", other.name);
     p.lse = call_.options.lse;
   }
