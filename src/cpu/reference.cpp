@@ -3,6 +3,7 @@
 #include "flashtile/reference.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "api/backend.hpp"
@@ -125,7 +126,9 @@ void run_reference_backend(const AttentionParams& p) {
 std::string always_available() { return ""; }
 // The double-precision output and LSE it builds before rounding them out.
 int64_t reference_workspace_bytes(const AttentionParams& p) {
-  return output_rows(p) * p.heads_q * (p.head_dim + 1) * int64_t(sizeof(double));
+  // Saturates rather than wraps: q's own size fits int64, its copy in double may not.
+  const __int128 bytes = __int128(output_rows(p)) * p.heads_q * (p.head_dim + 1) * sizeof(double);
+  return bytes > INT64_MAX ? INT64_MAX : static_cast<int64_t>(bytes);
 }
 std::string supports_everything(const AttentionParams&) { return ""; }
 

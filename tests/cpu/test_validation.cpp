@@ -150,6 +150,35 @@ TEST(Validation, UnavailableBackendIsRefused) {
   EXPECT_EQ(c.out.bytes, before);
 }
 
+TEST(Validation, SizesThatWrapInt64AreRefusedBeforeAnyBackendSeesThem) {
+  // The probe's reproducer: a shape product that wraps int64 used to pass plan() with a
+  // negative workspace and crash forward().
+  std::vector<float> tiny(64);
+  const int64_t huge = (int64_t(1) << 61) + 5;
+  const TensorView q = TensorView::contiguous(tiny.data(), DType::f32, Device::cpu(), {2, huge, 4, 16});
+  const TensorView kv = TensorView::contiguous(tiny.data(), DType::f32, Device::cpu(), {2, 3, 4, 16});
+  std::vector<float> out_buf(64);
+  const TensorView out = TensorView::contiguous(out_buf.data(), DType::f32, Device::cpu(), {2, huge, 4, 16});
+  for (Backend backend : {Backend::automatic, Backend::cpu_reference}) {
+    Options o;
+    o.backend = backend;
+    try {
+      plan(q, kv, kv, out, o);
+      ADD_FAILURE() << "plan accepted a wrapping shape";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("q is too large"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(forward(q, kv, kv, out, o), Error);
+  }
+}
+
+TEST(Validation, InvalidEnumValuesAreRefused) {
+  AttentionCase c(Shape{});
+  TensorView q = c.q.view;
+  q.dtype = static_cast<DType>(7);
+  EXPECT_THROW(forward(q, c.k.view, c.v.view, c.out.view, Options{}), Error);
+}
+
 TEST(Validation, ParseNames) {
   EXPECT_EQ(parse_backend("cuda_tiled"), Backend::cuda_tiled);
   EXPECT_EQ(parse_backend("auto"), Backend::automatic);
