@@ -14,6 +14,7 @@
 #include "attn/seqlen.hpp"
 #include "attn/softmax_state.hpp"
 #include "cuda/common.cuh"
+#include "cuda/device_guard.cuh"
 
 namespace flashtile::detail {
 namespace {
@@ -126,7 +127,7 @@ std::string naive_unsupported(const AttentionParams& p) {
 }
 
 void run_naive(const AttentionParams& p) {
-  check_cuda(cudaSetDevice(p.device_index), "cudaSetDevice");
+  const DeviceGuard on_device(p.device_index);
   const dim3 grid(static_cast<unsigned>((p.seqlen_q + kNaiveThreads - 1) / kNaiveThreads),
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
   auto stream = static_cast<cudaStream_t>(p.stream);

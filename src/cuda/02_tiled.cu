@@ -19,6 +19,7 @@
 #include "attn/seqlen.hpp"
 #include "attn/softmax_state.hpp"
 #include "cuda/common.cuh"
+#include "cuda/device_guard.cuh"
 
 namespace flashtile::detail {
 namespace {
@@ -165,7 +166,7 @@ std::string tiled_unsupported(const AttentionParams& p) {
 }
 
 void run_tiled(const AttentionParams& p) {
-  check_cuda(cudaSetDevice(p.device_index), "cudaSetDevice");
+  const DeviceGuard on_device(p.device_index);
   auto stream = static_cast<cudaStream_t>(p.stream);
   dispatch_head_dim<32, 64, 128>(p.head_dim, [&](auto head_dim) {
     using Traits = TiledTraits<head_dim()>;

@@ -10,6 +10,8 @@
 
 #if FLASHTILE_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "cuda/device_guard.cuh"
 #endif
 
 namespace flashtile {
@@ -55,12 +57,12 @@ int cuda_compute_capability(int index) {
 }
 
 void cuda_synchronize(int index) {
-  check(cudaSetDevice(index), "cudaSetDevice");
+  const detail::DeviceGuard on_device(index);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
 DeviceBuffer::DeviceBuffer(std::size_t bytes, int device_index) : bytes_(bytes), device_(device_index) {
-  check(cudaSetDevice(device_index), "cudaSetDevice");
+  const detail::DeviceGuard on_device(device_index);
   check(cudaMalloc(&data_, std::max<std::size_t>(bytes, 1)), "cudaMalloc");
 }
 
@@ -125,25 +127,25 @@ std::string copy_device_int32_to_host(const int32_t* src, int64_t n, int device,
     return "must be on cuda:" + std::to_string(device) + " (got cuda:" +
            std::to_string(attributes.device) + ")";
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  int previous = 0;
-  if (cudaError_t status = cudaGetDevice(&previous); status != cudaSuccess)
-    return error("cudaGetDevice", status);
   std::string why;
-  if (cudaError_t status = cudaSetDevice(device); status != cudaSuccess) return error("cudaSetDevice", status);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaError_t status = cudaStreamIsCapturing(stream, &capture); status != cudaSuccess) {
-    why = error("cudaStreamIsCapturing", status);
-  } else if (capture != cudaStreamCaptureStatusNone) {
-    why = "are read on the host for validation, which cannot happen while the stream is "
-          "being captured into a CUDA graph";
-  } else {
-    dst.resize(static_cast<size_t>(n));
-    cudaError_t status = cudaMemcpyAsync(dst.data(), src, static_cast<size_t>(n) * sizeof(int32_t),
-                                         cudaMemcpyDeviceToHost, stream);
-    if (status == cudaSuccess) status = cudaStreamSynchronize(stream);
-    if (status != cudaSuccess) why = error("reading them", status);
+  try {
+    const DeviceGuard on_device(device);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaError_t status = cudaStreamIsCapturing(stream, &capture); status != cudaSuccess) {
+      why = error("cudaStreamIsCapturing", status);
+    } else if (capture != cudaStreamCaptureStatusNone) {
+      why = "are read on the host for validation, which cannot happen while the stream is "
+            "being captured into a CUDA graph";
+    } else {
+      dst.resize(static_cast<size_t>(n));
+      cudaError_t status = cudaMemcpyAsync(dst.data(), src, static_cast<size_t>(n) * sizeof(int32_t),
+                                           cudaMemcpyDeviceToHost, stream);
+      if (status == cudaSuccess) status = cudaStreamSynchronize(stream);
+      if (status != cudaSuccess) why = error("reading them", status);
+    }
+  } catch (const Error& e) {
+    why = e.what();
   }
-  cudaSetDevice(previous);
   return why;
 }
 }  // namespace detail

@@ -1,5 +1,6 @@
 // Every CUDA backend against the double-precision oracle. Each test skips when no CUDA
 // device is present (CI); on the H200 they run, also under compute-sanitizer.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -133,6 +134,27 @@ TEST(CudaF32, LongSequenceWithoutScoreMatrix) {
           verify_forward(q_rows, c.k.view, c.v.view, out_rows, c.lse.data() + row, Options{});
       EXPECT_TRUE(check.pass()) << backend_name(b) << " row " << row << ": " << check.out_error
                                 << " > " << check.out_bound;
+    }
+  }
+}
+
+// Every CUDA backend runs on the tensors' device and gives the caller back its current one.
+TEST(CudaDevices, CallersCurrentDeviceIsRestored) {
+  FLASHTILE_SKIP_WITHOUT_CUDA();
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    Shape s;
+    s.dtype = dtype;
+    s.seqlen_q = s.seqlen_k = 70;
+    AttentionCase c(s);
+    DeviceCase d(c, /*device_index=*/0);
+    for (Backend backend : cuda_backends_for(dtype)) {
+      ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+      d.run(c, backend);
+      int current = -1;
+      ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+      EXPECT_EQ(current, 1) << backend_name(backend) << " left the current device changed";
+      EXPECT_TRUE(testing::matches_oracle(c)) << backend_name(backend);
     }
   }
 }
