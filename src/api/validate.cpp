@@ -66,7 +66,9 @@ class Validator {
     const auto first = reinterpret_cast<uintptr_t>(data);
     if (static_cast<uint64_t>(bytes) - 1 > std::numeric_limits<uintptr_t>::max() - first)
       fail(ErrorKind::invalid_argument, name, " extends past the end of the address space");
-    for (int64_t& stride : strides) stride *= bytes_per;  // cannot wrap: bounded by `bytes`
+    // A dimension of extent 1 never moves: drop its stride, which may be anything. Every
+    // other stride·(extent - 1) is part of `bytes`, so stride·bytes_per cannot wrap.
+    for (size_t i = 0; i < strides.size(); ++i) strides[i] = extents[i] > 1 ? strides[i] * bytes_per : 0;
     return {first, first + static_cast<uintptr_t>(bytes) - 1,
             {first, bytes_per, std::move(extents), std::move(strides)}, name};
   }
