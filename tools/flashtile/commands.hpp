@@ -5,12 +5,13 @@
 #include <string>
 #include <vector>
 
-#include "testing/attention_case.hpp"
+#include "workload.hpp"
 
 namespace flashtile::cli {
 
 struct BenchOptions {
-  testing::Shape shape;             // the single case (default: the write-up's)
+  testing::Shape shape;  // the single case (default: the write-up's), variant included
+  VariantValues values;  // standard ALiBi slopes, a fixed sink logit
   std::vector<std::string> backends;  // empty: every available backend but the oracle
   int warmup = 3;
   int repeats = 20;
