@@ -57,16 +57,15 @@ Call make_call(Workload& work, Backend backend) {
 
 void run_call(const Call& c) { testing::run_forward(c.q, c.k, c.v, c.out, c.options, c.varlen); }
 
-// The validated parameters of the host call: the normalised window, the per-sequence lengths.
+}  // namespace
+
 detail::AttentionParams host_params(const Workload& work) {
   const AttentionCase& h = work.host;
   const Options options = h.reference_options();
   const std::optional<Varlen> varlen = h.varlen();
   return detail::validate({h.q.view, h.k.view, h.v.view, &h.out.view, varlen ? &*varlen : nullptr,
-                           options, "flashtile bench"});
+                           options, "flashtile"});
 }
-
-}  // namespace
 
 double attention_flops(const Workload& work) {
   const detail::AttentionParams p = host_params(work);

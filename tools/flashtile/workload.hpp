@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "api/params.hpp"
 #include "testing/attention_case.hpp"
 #include "testing/device_case.hpp"
 
@@ -29,6 +30,9 @@ struct Workload {
   explicit Workload(const Shape& shape, uint32_t seed = 1234, const VariantValues& values = {});
   DeviceCase& on_device();
 };
+
+// The validated parameters of the case's host call: the normalised window, the lengths.
+detail::AttentionParams host_params(const Workload& work);
 
 // FLOPs of the problem, 4·d per visible (query, key) pair and query head. The field's
 // convention for dense full (4·B·H·Sq·Sk·d) and dense causal attention (half of it, whatever
