@@ -240,6 +240,7 @@ int run_bench(const BenchOptions& o) {
 
   if (o.json) {
     std::fputs(to_json(rows).c_str(), stdout);
+    for (const std::string& line : skipped) std::fprintf(stderr, "%s\n", line.c_str());
   } else {
     print_table(rows, skipped);
     for (const std::string& line : auto_choices) std::printf("%s\n", line.c_str());

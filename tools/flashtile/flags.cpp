@@ -61,7 +61,7 @@ Window parse_window(const std::string& text, const std::string& flag) {
 float parse_softcap(const std::string& text, const std::string& flag) {
   const std::optional<float> value = whole_finite_float(text);
   if (!value || *value <= 0)
-    bad_flag(flag, "a positive finite number (the cap c of c·tanh(S/c); leave the flag out for none)",
+    bad_flag(flag, "a positive finite number (the cap c of c*tanh(S/c); leave the flag out for none)",
              text);
   return *value;
 }

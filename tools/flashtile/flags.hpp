@@ -15,7 +15,7 @@ namespace flashtile::cli {
 // "L,R": two integers >= -1 (-1 = that side unbounded).
 Window parse_window(const std::string& text, const std::string& flag = "--window");
 
-// A positive finite number (the c of c·tanh(S/c)).
+// A positive finite number (the c of c*tanh(S/c)).
 float parse_softcap(const std::string& text, const std::string& flag = "--softcap");
 
 // bench's --sinks: "random" (the case's seeded random logits) or one finite number that

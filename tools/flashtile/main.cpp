@@ -118,13 +118,25 @@ int main(int argc, char** argv) {
   cli::RunOptions run;
   auto* run_cmd = app.add_subcommand(
       "run", "Attention on .npy files: float32, float16 or ml_dtypes.bfloat16, C order, "
-             "shape (B, S, H, D)");
+             "shape (B, S, H, D), or packed (total_tokens, H, D) with --cu-seqlens-q/k");
   run_cmd->add_option("--q", run.q, "Query .npy")->required();
   run_cmd->add_option("--k", run.k, "Key .npy")->required();
   run_cmd->add_option("--v", run.v, "Value .npy")->required();
   run_cmd->add_option("--out", run.out, "Output .npy (written only on success)")->required();
-  run_cmd->add_option("--lse", run.lse, "Also write the log-sum-exp, float32 (B, H, Sq)");
+  run_cmd->add_option("--lse", run.lse,
+                      "Also write the log-sum-exp, float32 (B, H, Sq), or (H, total_q) varlen");
   run_cmd->add_flag("--causal", run.causal, "Causal mask (bottom-right aligned)");
+  VariantFlags run_variant;
+  run_variant.add_to(run_cmd);
+  run_cmd->add_option("--alibi", run.alibi,
+                      "ALiBi slopes .npy: float32 (H) or (B, H) (B = sequences when varlen)");
+  run_cmd->add_option("--sinks", run.sinks, "Attention sinks .npy: float32 (H), one logit per head");
+  run_cmd->add_option("--cu-seqlens-q", run.cu_seqlens_q,
+                      "Packed varlen batch: int32 (B + 1) query offsets .npy; q, k, v are then "
+                      "(total_tokens, H, D)");
+  run_cmd->add_option("--cu-seqlens-k", run.cu_seqlens_k, "Packed varlen batch: int32 (B + 1) key offsets .npy");
+  run_cmd->add_option("--seqused-k", run.seqused_k,
+                      "Packed varlen batch: int32 (B) keys used per sequence .npy (optional)");
   auto* scale_opt = run_cmd->add_option("--scale", run.scale, "Softmax scale (default 1/sqrt(D))");
   run_cmd->add_option("--backend", run.backend, "Backend name or auto")->default_val("auto");
   run_cmd->add_option("--device", run.device, "auto, cpu or cuda")
@@ -154,6 +166,7 @@ int main(int argc, char** argv) {
     }
     if (*check_cmd) return cli::run_check(check);
     run.has_scale = scale_opt->count() > 0;
+    run_variant.apply_to(run.window, run.softcap);
     return cli::run_run(run);
   } catch (const Error& e) {
     std::fprintf(stderr, "flashtile: error: %s\n", e.what());
