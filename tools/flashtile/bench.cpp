@@ -59,6 +59,14 @@ std::string json_number(double x) {
   return s.str();
 }
 
+// An integer-valued double (FLOPs) in full.
+std::string json_count(double x) {
+  std::ostringstream s;
+  s.precision(17);
+  s << x;
+  return s.str();
+}
+
 std::string json_list(const std::vector<int64_t>& values) {
   std::string text = "[";
   for (size_t i = 0; i < values.size(); ++i) text += (i ? ", " : "") + std::to_string(values[i]);
@@ -86,7 +94,7 @@ std::string to_json(const std::vector<Row>& rows) {
       << ", \"speedup\": " << (r.speedup ? json_number(*r.speedup) : "null")
       << ", \"max_abs_err\": " << json_number(r.max_abs_err)
       << ", \"error_sampled\": " << (r.error_sampled ? "true" : "false")
-      << ", \"workspace_bytes\": " << r.workspace_bytes << ", \"flops\": " << json_number(r.flops)
+      << ", \"workspace_bytes\": " << r.workspace_bytes << ", \"flops\": " << json_count(r.flops)
       << ", \"window\": "
       << (s.window.bounded() ? json_list({s.window.left, s.window.right}) : "null")
       << ", \"softcap\": " << (s.softcap != 0.0f ? json_number(s.softcap) : "null")
@@ -117,7 +125,7 @@ std::string to_csv(const std::vector<Row>& rows) {
       << s.head_dim << ',' << (s.causal ? 1 : 0) << ',' << json_number(r.ms) << ','
       << json_number(r.tflops) << ',' << (r.speedup ? json_number(*r.speedup) : "") << ','
       << json_number(r.max_abs_err) << ',' << (r.error_sampled ? 1 : 0) << ','
-      << r.workspace_bytes << ',' << json_number(r.flops) << ',';
+      << r.workspace_bytes << ',' << json_count(r.flops) << ',';
     if (s.window.bounded()) c << s.window.left << ',' << s.window.right;
     else c << ',';
     c << ',' << (s.softcap != 0.0f ? json_number(s.softcap) : "") << ',' << (s.alibi ? 1 : 0)
@@ -220,7 +228,7 @@ int run_bench(const BenchOptions& o) {
       }
       Row row;
       row.backend = backend;
-      row.shape = shape;
+      row.shape = work.host.shape;  // varlen: batch = sequences, the longest lengths
       row.values = o.values;
       row.flops = flops;
       row.workspace_bytes = plan.workspace_bytes;
