@@ -70,18 +70,21 @@ void reference_row(const AttentionParams& p, int64_t b, int64_t h, const Seqlen&
 
 template <class Acc, class Round>
 void reference_all(const AttentionParams& p, Round round, Acc* out, Acc* lse) {
-  const int64_t pairs = p.batch * p.heads_q;
+  // Threads share out (batch, head, row) triples rather than (batch, head) pairs, so that a
+  // call with few heads keeps every core busy too. Rows are independent: the result does not
+  // depend on the split.
+  const int64_t pairs = p.batch * p.heads_q, rows = p.seqlen_q;  // varlen: the longest
 #pragma omp parallel
   {
     std::vector<Acc> scores(p.seqlen_k);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < pairs; ++bh) {
+#pragma omp for schedule(dynamic, 8)
+    for (int64_t task = 0; task < pairs * rows; ++task) {
+      const int64_t bh = task / rows, i = task % rows;
       const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
       const Seqlen seq(p, b);
-      for (int64_t i = 0; i < seq.seqlen_q; ++i) {
-        Acc* out_row = out + (contiguous_row(p, b, seq, i) * p.heads_q + h) * p.head_dim;
-        reference_row(p, b, h, seq, i, round, scores, out_row, lse + seq.lse_index(p, b, h, i));
-      }
+      if (i >= seq.seqlen_q) continue;
+      Acc* out_row = out + (contiguous_row(p, b, seq, i) * p.heads_q + h) * p.head_dim;
+      reference_row(p, b, h, seq, i, round, scores, out_row, lse + seq.lse_index(p, b, h, i));
     }
   }
 }
