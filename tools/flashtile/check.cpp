@@ -77,12 +77,13 @@ int64_t window_side(std::mt19937& rng, int64_t max_seqlen) {
   }
 }
 
-// A dense shape with at least one feature beyond full/causal attention: a window (left,
-// right or both, with or without causal), softcap, ALiBi ((heads) or (batch, heads)),
-// sinks, or a varlen batch.
+// A shape with at least one feature beyond full/causal attention: a window (left, right or
+// both, with or without causal), softcap, ALiBi ((heads) or (batch, heads)), sinks, or a
+// varlen batch; a quarter of them with any head_dim in 1..256.
 Shape random_variant_shape(std::mt19937& rng, int64_t max_seqlen) {
   static const float kSoftcaps[] = {0.5f, 1.0f, 2.0f, 30.0f};
   Shape s = random_dense_shape(rng, max_seqlen);
+  if (rng() % 4 == 0) s.head_dim = 1 + int64_t(rng() % 256);
   do {
     if (rng() % 2) {
       switch (rng() % 3) {
