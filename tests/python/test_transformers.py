@@ -75,10 +75,13 @@ def logits(model, implementation, input_ids, **kwargs):
 
 
 def skip_unless_flashtile_runs(device, dtype, **variant):
-    """Skips when no flashtile backend on `device` takes `dtype` with this variant."""
+    """Skips when no flashtile backend on `device` takes `dtype` with this variant, dense
+    and varlen (padded batches run through varlen)."""
     probe = torch.zeros(1, 9, 2, 64, device=device, dtype=dtype)
+    cu_seqlens = torch.tensor([0, 4, 9], dtype=torch.int32, device=device)
     try:
         flashtile.plan(probe, probe, probe, **variant)
+        flashtile.plan_varlen(probe[0], probe[0], probe[0], cu_seqlens, cu_seqlens, **variant)
     except ValueError as error:
         if "no backend can run this call" in str(error):
             pytest.skip(str(error))
