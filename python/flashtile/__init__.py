@@ -13,5 +13,5 @@ attn_implementation="FlashTile".
 from ._api import BackendInfo, attention, attention_varlen, backends, plan, plan_varlen
 from ._flashtile import __version__, cuda_compiled, cuda_device_count
 
-__all__ = ["attention", "attention_varlen", "backends", "plan", "plan_varlen", "BackendInfo", "__version__", "cuda_compiled",
-           "cuda_device_count"]
+__all__ = ["attention", "attention_varlen", "backends", "plan", "plan_varlen", "BackendInfo",
+           "__version__", "cuda_compiled", "cuda_device_count"]

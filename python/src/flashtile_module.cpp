@@ -87,8 +87,8 @@ flashtile::Device to_device(const Api& api, int device_type, int device_id, cons
        std::to_string(device_type));
 }
 
-template <class Array>
-flashtile::Device device_of(const Api& api, const Array& a, const char* name) {
+template <class NdArray>
+flashtile::Device device_of(const Api& api, const NdArray& a, const char* name) {
   return to_device(api, a.device_type(), a.device_id(), name);
 }
 
@@ -96,8 +96,8 @@ flashtile::Device device_of(const Api& api, const Array& a, const char* name) {
 // head_dim) tensor as the (1, total_tokens, heads, head_dim) view forward_varlen takes.
 // nanobind reports strides in elements, as TensorView wants; the library's validator
 // checks the rest (last stride 1, no negatives, shapes).
-template <class Array>
-flashtile::TensorView to_view(const Api& api, const Array& a, const char* name,
+template <class NdArray>
+flashtile::TensorView to_view(const Api& api, const NdArray& a, const char* name,
                               bool uint16_is_bf16) {
   const size_t ndim = api.packed ? 3 : 4;
   if (a.ndim() != ndim)
@@ -253,9 +253,9 @@ Call make_call(const Array& q, const Array& k, const Array& v, const Array& out,
     const Array& cu_q = *args.cu_seqlens_q;
     if (cu_q.ndim() != 1 || cu_q.shape(0) < 2)
       fail(api, ErrorKind::invalid_argument,
-           "cu_seqlens_q must be 1-D with batch + 1 >= 2 entries, got shape (",
-           cu_q.ndim() == 1 ? std::to_string(cu_q.shape(0)) + "," : std::to_string(cu_q.ndim()) + "-D",
-           ")");
+           "cu_seqlens_q must be 1-D with batch + 1 >= 2 entries, got ",
+           cu_q.ndim() == 1 ? std::to_string(cu_q.shape(0)) + " entries"
+                            : std::to_string(cu_q.ndim()) + "-D");
     flashtile::Varlen varlen;
     varlen.batch = static_cast<int64_t>(cu_q.shape(0)) - 1;
     varlen.cu_seqlens_q =
@@ -285,10 +285,13 @@ std::string packed_message(const std::string& message) {
       continue;
     }
     result += message[i];
-    const bool index_follows = (result.size() >= 6 && result.compare(result.size() - 6, 6, "shape[") == 0) ||
-                               (result.size() >= 8 && result.compare(result.size() - 8, 8, "strides[") == 0);
-    if (index_follows && i + 2 < message.size() && message[i + 1] >= '1' && message[i + 1] <= '3' &&
-        message[i + 2] == ']') {
+    auto ends_with = [&](std::string_view tail) {
+      return result.size() >= tail.size() &&
+             result.compare(result.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    const bool index_follows = ends_with("shape[") || ends_with("strides[");
+    if (index_follows && i + 2 < message.size() && message[i + 1] >= '1' &&
+        message[i + 1] <= '3' && message[i + 2] == ']') {
       result += static_cast<char>(message[i + 1] - 1);
       ++i;
     }
@@ -340,7 +343,9 @@ std::tuple<std::string, int64_t> plan(const Array& q, const Array& k, const Arra
 nb::ndarray<nb::array_api> empty(std::vector<size_t> shape, std::string_view dtype_name,
                                  std::string_view device_type, int device) {
   const std::optional<DType> dtype = flashtile::parse_dtype(dtype_name);
-  if (!dtype) fail(Api{"flashtile._flashtile.empty"}, ErrorKind::dtype, "unknown dtype '", std::string(dtype_name), "'");
+  if (!dtype)
+    fail(Api{"flashtile._flashtile.empty"}, ErrorKind::dtype, "unknown dtype '",
+         std::string(dtype_name), "'");
   size_t bytes = flashtile::dtype_size(*dtype);
   for (size_t extent : shape) bytes *= extent;
   void* data = nullptr;
