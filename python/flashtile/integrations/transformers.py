@@ -172,6 +172,7 @@ def _check_mask_pattern(batch_size: int, q_length: int, kv_length: int, q_offset
                             q_offset=q_offset + start, kv_offset=kv_offset,
                             mask_function=mask_function, attention_mask=None,
                             allow_is_causal_skip=False, allow_is_bidirectional_skip=False,
+                            allow_torch_fix=False,  # (older transformers) no row un-masking
                             use_vmap=use_vmap, device=device)[:, 0]           # (B, n, kv)
         i = torch.arange(start, start + n, device=device)
         rel = j[None, :] - (i[:, None] + kv_length - q_length)
