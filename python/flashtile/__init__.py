@@ -2,13 +2,16 @@
 
     import flashtile
     out = flashtile.attention(q, k, v, causal=True)   # BSHD numpy / torch / CuPy / JAX
+    out = flashtile.attention(q, k, v, window=(127, 0), softcap=30.0, sinks=sinks)
+    out = flashtile.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)  # packed
 
-flashtile.torch holds the torch custom op and drop-ins for SDPA and flash_attn_func;
-flashtile.integrations.transformers.register() adds attn_implementation="flashtile".
+flashtile.torch holds the torch custom ops and drop-ins for SDPA, flash_attn_func and
+flash_attn_varlen_func; flashtile.integrations.transformers.register() adds
+attn_implementation="FlashTile".
 """
 
-from ._api import BackendInfo, attention, backends, plan
+from ._api import BackendInfo, attention, attention_varlen, backends, plan, plan_varlen
 from ._flashtile import __version__, cuda_compiled, cuda_device_count
 
-__all__ = ["attention", "backends", "plan", "BackendInfo", "__version__", "cuda_compiled",
-           "cuda_device_count"]
+__all__ = ["attention", "attention_varlen", "backends", "plan", "plan_varlen", "BackendInfo",
+           "__version__", "cuda_compiled", "cuda_device_count"]

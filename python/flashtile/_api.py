@@ -14,6 +14,7 @@ framework of `q`, how outputs are allocated and which CUDA stream the kernel run
 
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Any, NamedTuple
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from . import _flashtile
 
-__all__ = ["attention", "backends", "plan", "BackendInfo"]
+__all__ = ["attention", "attention_varlen", "backends", "plan", "plan_varlen", "BackendInfo"]
 
 _SUPPORTED = "float32, float16 or bfloat16"
 
@@ -35,7 +36,7 @@ def _ml_bfloat16():
     return np.dtype(ml_dtypes.bfloat16)
 
 
-def _framework(x: Any, name: str) -> str:
+def _framework(x: Any, name: str, api: str) -> str:
     if isinstance(x, np.ndarray):
         return "numpy"
     # Only look at frameworks the caller has already imported: never import torch ourselves.
@@ -48,44 +49,50 @@ def _framework(x: Any, name: str) -> str:
     if hasattr(x, "__dlpack__"):
         return "dlpack"
     raise TypeError(
-        f"flashtile.attention: {name} must be a numpy array or a DLPack array "
+        f"{api}: {name} must be a numpy array or a DLPack array "
         f"(torch, CuPy, JAX...), got {type(x).__module__}.{type(x).__qualname__}"
     )
 
 
 class _Call:
-    """The arrays of one call, prepared for the C++ module."""
+    """The arrays of one call, prepared for the C++ module.
 
-    def __init__(self, q, k, v, out):
-        self.framework = _framework(q, "q")
+    tensors: q, k, v (and out) -- 4-D BSHD, or 3-D packed (total_tokens, heads, head_dim)
+    for a varlen call; extras: the small arrays beside them (ALiBi slopes, sinks,
+    cu_seqlens), whose dtypes, shapes and devices the C++ module and the library check.
+    """
+
+    def __init__(self, api: str, tensors: dict, extras: dict, packed: bool = False):
+        self.api = api
+        self.framework = _framework(tensors["q"], "q", api)
         self.uint16_is_bf16 = False
-        arrays = {"q": q, "k": k, "v": v}
-        if out is not None:
-            arrays["out"] = out
-        for name, x in arrays.items():
-            _framework(x, name)
-            if len(x.shape) != 4:
-                raise ValueError(
-                    f"flashtile.attention: {name} must be 4-D (batch, seqlen, heads, head_dim), "
-                    f"got {len(x.shape)}-D"
-                )
-        self.arrays = {name: self._prepare(name, x) for name, x in arrays.items()}
+        layout = ("3-D (total_tokens, heads, head_dim)" if packed
+                  else "4-D (batch, seqlen, heads, head_dim)")
+        for name, x in tensors.items():
+            _framework(x, name, api)
+            if len(x.shape) != (3 if packed else 4):
+                raise ValueError(f"{api}: {name} must be {layout}, got {len(x.shape)}-D")
+        for name, x in extras.items():
+            _framework(x, name, api)
+        self.arrays = {name: self._prepare(name, x) for name, x in tensors.items()}
+        self.extras = {name: self._prepare(name, x, tensor=False) for name, x in extras.items()}
+        self.dtype = _dtype_name(tensors["q"], api)  # of the caller's q (not a uint16 view)
 
-    def _prepare(self, name: str, x):
+    def _prepare(self, name: str, x, tensor: bool = True):
         if isinstance(x, np.ndarray):
+            if not tensor:
+                return x
             if x.dtype.name == "bfloat16":  # ml_dtypes: pass the bits as a uint16 view
                 self.uint16_is_bf16 = True
                 return x.view(np.uint16)
             if x.dtype not in (np.float32, np.float16):
-                raise TypeError(
-                    f"flashtile.attention: {name}.dtype must be {_SUPPORTED}, got {x.dtype}"
-                )
+                raise TypeError(f"{self.api}: {name}.dtype must be {_SUPPORTED}, got {x.dtype}")
             return x
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(x, torch.Tensor):
             # flashtile.attention is forward-only; flashtile.torch's op carries autograd.
             return x.detach()
-        if self.framework == "dlpack" and hasattr(x, "block_until_ready"):
+        if hasattr(x, "block_until_ready"):
             x.block_until_ready()  # JAX: we read its memory from outside its streams
         return x
 
@@ -147,54 +154,72 @@ class _Call:
             return array  # nanobind's ndarray speaks DLPack; any framework can import it
         return namespace().from_dlpack(array)
 
+    def args(self, backend: str, **options) -> "_flashtile.CallArgs":
+        """The C++ module's CallArgs: the options given, the extras, stream and backend."""
+        args = _flashtile.CallArgs()
+        for name, value in {**options, **self.extras}.items():
+            setattr(args, name, value)
+        args.backend = str(backend)
+        args.stream = self.stream()
+        args.uint16_is_bf16 = self.uint16_is_bf16
+        return args
 
-def _dtype_name(x) -> str:
+
+def _dtype_name(x, api: str) -> str:
     """'float32' / 'float16' / 'bfloat16' for any array flashtile accepts."""
     name = str(x.dtype).rsplit(".", 1)[-1]  # torch.float32 -> float32
     if name not in ("float32", "float16", "bfloat16"):
-        raise TypeError(f"flashtile.attention: q.dtype must be {_SUPPORTED}, got {name}")
+        raise TypeError(f"{api}: q.dtype must be {_SUPPORTED}, got {name}")
     return name
 
 
-def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
-              return_lse: bool = False, backend: str = "auto", out=None):
-    """Exact attention softmax(q·kᵀ·scale)·v, never materialising the N×N matrix.
+def _variant_options(api: str, causal, scale, window, softcap) -> dict:
+    """The scalar options as the C++ module takes them; the library checks their values."""
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError(f"{api}: window must be a pair (left, right), -1 for an unbounded "
+                         f"side, got {window!r}") from None
+    try:
+        left, right = operator.index(left), operator.index(right)
+    except TypeError:
+        raise TypeError(f"{api}: window must hold integers, got {window!r}") from None
+    return {"causal": bool(causal), "scale": None if scale is None else float(scale),
+            "window_left": left, "window_right": right,
+            "softcap": 0.0 if softcap is None else float(softcap)}
 
-    q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim),
-    heads_q a multiple of heads_kv (GQA/MQA) -- the BSHD layout of flash_attn_func.
-    Arrays: numpy (CPU; bfloat16 through ml_dtypes), or any DLPack array on the CPU or CUDA
-    (torch, CuPy, JAX). Nothing is copied: strided views are read in place, provided the
-    head_dim stride is 1 (otherwise ValueError). Dtypes: float32, float16, bfloat16.
 
-    causal: mask aligned bottom-right when seqlen_q != seqlen_k (FlashAttention >= 2.1);
-        a query row that sees no key outputs 0 and lse -inf.
-    scale: defaults to 1/sqrt(head_dim).
-    return_lse: also return the log-sum-exp, float32 (batch, heads_q, seqlen_q).
-    backend: "auto" or a name from flashtile.backends().
-    out: an array to write the result into (same shape and dtype as q, may be strided);
-        allocated with q's framework when None.
+def _optional_int(value, name: str, api: str):
+    if value is None:
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{api}: {name} must be an integer or None, got {value!r}") from None
 
-    Returns out, or (out, lse), as arrays of q's framework. With torch CUDA tensors the
-    kernel runs on torch.cuda.current_stream(), with CuPy on CuPy's current stream.
-    Forward only: torch outputs carry no autograd history (see flashtile.torch).
-    Errors from the library arrive as ValueError (arguments, unsupported calls) or
-    TypeError (dtypes) with the library's message.
-    """
-    call = _Call(q, k, v, out)
-    q_, k_, v_ = call.arrays["q"], call.arrays["k"], call.arrays["v"]
-    dtype = _dtype_name(q)
+
+def _tensors(q, k, v, out=None) -> dict:
+    return {"q": q, "k": k, "v": v, **({} if out is None else {"out": out})}
+
+
+def _extras(**arrays) -> dict:
+    """The optional arrays that were given."""
+    return {name: x for name, x in arrays.items() if x is not None}
+
+
+def _run(call: _Call, out, return_lse: bool, lse_shape, backend: str, options: dict):
+    """Allocates what the caller did not give, runs the call, returns out (and lse)."""
+    q = call.arrays["q"]
     caller_out = out is not None
     if caller_out:
         out_ = call.arrays["out"]
     else:
-        out, out_ = call.empty(tuple(q.shape), dtype)
+        out, out_ = call.empty(tuple(q.shape), call.dtype)
     lse = lse_ = None
     if return_lse:
-        batch, seqlen_q, heads, _ = q.shape
-        lse, lse_ = call.empty((batch, heads, seqlen_q), "float32")
-    _flashtile.forward(q_, k_, v_, out_, lse_, bool(causal),
-                       None if scale is None else float(scale), str(backend), call.stream(),
-                       call.uint16_is_bf16)
+        lse, lse_ = call.empty(lse_shape, "float32")
+    _flashtile.forward(q, call.arrays["k"], call.arrays["v"], out_, lse_,
+                       call.args(backend, **options))
     if call.framework == "dlpack" and call.device()[0] == "cuda":
         _flashtile.cuda_synchronize(call.device()[1])
     if not caller_out:
@@ -204,17 +229,128 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     return out
 
 
-def plan(q, k, v, *, causal: bool = False, scale: float | None = None,
-         backend: str = "auto") -> str:
+def _plan(call: _Call, backend: str, options: dict) -> str:
+    q = call.arrays["q"]
+    _, out_ = call.empty(tuple(q.shape), call.dtype)
+    name, _workspace_bytes = _flashtile.plan(q, call.arrays["k"], call.arrays["v"], out_,
+                                             call.args(backend, **options))
+    return name
+
+
+_VARIANT_DOC = """
+    causal: mask aligned bottom-right when seqlen_q != seqlen_k (FlashAttention >= 2.1):
+        query i sees key j <= i + seqlen_k - seqlen_q (the same as window right = 0).
+    scale: defaults to 1/sqrt(head_dim).
+    window: (left, right), FlashAttention's window_size: query i sees key j when
+        j - (i + seqlen_k - seqlen_q) lies in [-left, right]; -1 leaves a side unbounded.
+    softcap: c > 0 caps the scores, S <- c * tanh(S / c), after the scale (Gemma 2); 0: off.
+    alibi_slopes: float32 (heads_q) or (batch, heads_q) on q's device; adds
+        -slope * |i + seqlen_k - seqlen_q - j| to each score, after the softcap.
+    sinks: float32 (heads_q) on q's device, one logit per query head that joins every
+        row's softmax denominator (and the LSE) and carries no value (gpt-oss).
+    A query row that sees no key and has no sink outputs 0 with lse -inf.
+    backend: "auto" or a name from flashtile.backends().
+"""
+
+
+def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
+              window=(-1, -1), softcap: float = 0.0, alibi_slopes=None, sinks=None,
+              return_lse: bool = False, backend: str = "auto", out=None):
+    api = "flashtile.attention"
+    options = _variant_options(api, causal, scale, window, softcap)
+    call = _Call(api, _tensors(q, k, v, out),
+                 _extras(alibi_slopes=alibi_slopes, sinks=sinks))
+    batch, seqlen_q, heads, _ = call.arrays["q"].shape
+    return _run(call, out, return_lse, (batch, heads, seqlen_q), backend, options)
+
+
+attention.__doc__ = """Exact attention softmax(q·kᵀ·scale)·v, never materialising the N×N matrix.
+
+    q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim),
+    heads_q a multiple of heads_kv (GQA/MQA) -- the BSHD layout of flash_attn_func.
+    Arrays: numpy (CPU; bfloat16 through ml_dtypes), or any DLPack array on the CPU or CUDA
+    (torch, CuPy, JAX). Nothing is copied: strided views are read in place, provided the
+    head_dim stride is 1 (otherwise ValueError). Dtypes: float32, float16, bfloat16.
+""" + _VARIANT_DOC + """    return_lse: also return the log-sum-exp, float32 (batch, heads_q, seqlen_q).
+    out: an array to write the result into (same shape and dtype as q, may be strided);
+        allocated with q's framework when None.
+
+    Returns out, or (out, lse), as arrays of q's framework. With torch CUDA tensors the
+    kernel runs on torch.cuda.current_stream(), with CuPy on CuPy's current stream.
+    Forward only: torch outputs carry no autograd history (see flashtile.torch).
+    Errors from the library arrive as ValueError (arguments, unsupported calls) or
+    TypeError (dtypes) with the library's message; on error nothing is written.
+    """
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | None = None,
+                     max_seqlen_k: int | None = None, *, seqused_k=None, causal: bool = False,
+                     scale: float | None = None, window=(-1, -1), softcap: float = 0.0,
+                     alibi_slopes=None, sinks=None, return_lse: bool = False,
+                     backend: str = "auto", out=None):
+    api = "flashtile.attention_varlen"
+    options = _variant_options(api, causal, scale, window, softcap)
+    options["max_seqlen_q"] = _optional_int(max_seqlen_q, "max_seqlen_q", api)
+    options["max_seqlen_k"] = _optional_int(max_seqlen_k, "max_seqlen_k", api)
+    call = _Call(api, _tensors(q, k, v, out),
+                 _extras(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         seqused_k=seqused_k, alibi_slopes=alibi_slopes, sinks=sinks),
+                 packed=True)
+    total_q, heads, _ = call.arrays["q"].shape
+    return _run(call, out, return_lse, (heads, total_q), backend, options)
+
+
+attention_varlen.__doc__ = """Exact attention over a packed batch of variable-length sequences.
+
+    flash_attn_varlen_func's layout: q (total_q, heads_q, head_dim), k and v (total_k,
+    heads_kv, head_dim), the sequences one after another. cu_seqlens_q / cu_seqlens_k:
+    int32 (batch + 1,) on q's device; sequence b owns query rows
+    [cu_seqlens_q[b], cu_seqlens_q[b+1]) and key rows [cu_seqlens_k[b], cu_seqlens_k[b+1]).
+    They must not decrease, cu_seqlens_q runs from 0 to total_q, cu_seqlens_k stays inside
+    k; empty sequences are fine. The library reads them on the host before anything runs
+    (on CUDA: a copy ordered on the current stream, which waits for it).
+    max_seqlen_q / max_seqlen_k: optional bounds on the lengths (checked when given).
+    seqused_k: optional int32 (batch,): sequence b uses only its first seqused_k[b] keys.
+    Masks, ALiBi distances and sinks apply per sequence (bottom-right within each).
+""" + _VARIANT_DOC + """    return_lse: also return the log-sum-exp, float32 (heads_q, total_q).
+    out: an array to write into, shaped and typed like q; allocated when None.
+
+    Returns out, or (out, lse), as arrays of q's framework; arrays and errors as
+    flashtile.attention.
+    """
+
+
+def plan(q, k, v, *, causal: bool = False, scale: float | None = None, window=(-1, -1),
+         softcap: float = 0.0, alibi_slopes=None, sinks=None, backend: str = "auto") -> str:
     """Name of the backend flashtile.attention would run for these arguments.
 
-    Raises what flashtile.attention would raise (nothing runs; an output is allocated).
+    Takes flashtile.attention's arguments and raises what it would raise (nothing runs;
+    an output is allocated).
     """
-    call = _Call(q, k, v, None)
-    _, out_ = call.empty(tuple(q.shape), _dtype_name(q))
-    return _flashtile.plan(call.arrays["q"], call.arrays["k"], call.arrays["v"], out_,
-                           bool(causal), None if scale is None else float(scale), str(backend),
-                           call.uint16_is_bf16)
+    api = "flashtile.attention"
+    options = _variant_options(api, causal, scale, window, softcap)
+    call = _Call(api, _tensors(q, k, v), _extras(alibi_slopes=alibi_slopes, sinks=sinks))
+    return _plan(call, backend, options)
+
+
+def plan_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | None = None,
+                max_seqlen_k: int | None = None, *, seqused_k=None, causal: bool = False,
+                scale: float | None = None, window=(-1, -1), softcap: float = 0.0,
+                alibi_slopes=None, sinks=None, backend: str = "auto") -> str:
+    """Name of the backend flashtile.attention_varlen would run for these arguments.
+
+    Takes flashtile.attention_varlen's arguments and raises what it would raise (nothing
+    runs; cu_seqlens are read and checked).
+    """
+    api = "flashtile.attention_varlen"
+    options = _variant_options(api, causal, scale, window, softcap)
+    options["max_seqlen_q"] = _optional_int(max_seqlen_q, "max_seqlen_q", api)
+    options["max_seqlen_k"] = _optional_int(max_seqlen_k, "max_seqlen_k", api)
+    call = _Call(api, _tensors(q, k, v),
+                 _extras(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         seqused_k=seqused_k, alibi_slopes=alibi_slopes, sinks=sinks),
+                 packed=True)
+    return _plan(call, backend, options)
 
 
 class BackendInfo(NamedTuple):

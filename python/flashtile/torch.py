@@ -1,16 +1,22 @@
-"""flashtile for PyTorch: a custom op that torch.compile can trace, and two drop-ins.
+"""flashtile for PyTorch: custom ops that torch.compile can trace, and drop-ins.
 
-- ``torch.ops.flashtile.attention(q, k, v, causal, scale, backend) -> (out, lse)``: the op,
-  BSHD, registered with ``torch.library.custom_op`` and a fake (meta) implementation, so
-  ``torch.compile(fullgraph=True)`` keeps it in the graph. ``attention()`` below calls it.
+- ``torch.ops.flashtile.attention(q, k, v, causal, scale, window_left, window_right, softcap,
+  alibi_slopes, sinks, backend) -> (out, lse)``: BSHD; and
+  ``torch.ops.flashtile.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+  max_seqlen_k, seqused_k, causal, scale, window_left, window_right, softcap, alibi_slopes,
+  sinks, backend) -> (out, lse)``: packed (total_tokens, heads, head_dim). Both are
+  registered with ``torch.library.custom_op`` and a fake (meta) implementation, so
+  ``torch.compile(fullgraph=True)`` keeps them in the graph. ``attention()`` and
+  ``attention_varlen()`` below call them.
 - ``scaled_dot_product_attention``: the signature of
   ``torch.nn.functional.scaled_dot_product_attention`` (BHSD), for attn_mask=None and
   dropout_p=0 (anything else is refused with ValueError).
-- ``flash_attn_func``: the signature of flash_attn's ``flash_attn_func`` (BSHD).
+- ``flash_attn_func`` and ``flash_attn_varlen_func``: the signatures of flash_attn's.
 
-Gradients: the op's backward is a reference implementation in torch ops that
-materialises P (O(N^2) memory): correct, traceable, not fast. flashtile's kernels are
-forward-only.
+Gradients: the ops' backward is a reference implementation in torch ops that
+materialises P (O(N^2) memory; for varlen O(total_q * total_k)): correct for every
+variant (window, softcap, ALiBi, sinks, varlen; ALiBi slopes and sinks get gradients too),
+traceable, not fast. flashtile's kernels are forward-only.
 """
 
 from __future__ import annotations
@@ -21,19 +27,26 @@ import torch
 
 from . import _api
 
-__all__ = ["attention", "scaled_dot_product_attention", "flash_attn_func"]
+__all__ = ["attention", "attention_varlen", "scaled_dot_product_attention", "flash_attn_func",
+           "flash_attn_varlen_func"]
 
+
+# --- the ops ---------------------------------------------------------------------------------
 
 @torch.library.custom_op("flashtile::attention", mutates_args=(), device_types=("cpu", "cuda"))
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                  scale: Optional[float], backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _api.attention(q, k, v, causal=causal, scale=scale, return_lse=True,
-                              backend=backend)
-    return out, lse
+                  scale: Optional[float], window_left: int, window_right: int, softcap: float,
+                  alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                  backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _api.attention(q, k, v, causal=causal, scale=scale,
+                          window=(window_left, window_right), softcap=softcap,
+                          alibi_slopes=alibi_slopes, sinks=sinks, return_lse=True,
+                          backend=backend)
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, causal, scale, backend):
+def _attention_fake(q, k, v, causal, scale, window_left, window_right, softcap, alibi_slopes,
+                    sinks, backend):
     # What the real op allocates (flashtile._api: torch.empty, C-contiguous): out like q,
     # lse float32 (batch, heads_q, seqlen_q).
     torch._check(q.dim() == 4, lambda: f"flashtile: q must be 4-D (BSHD), got {q.dim()}-D")
@@ -43,57 +56,231 @@ def _attention_fake(q, k, v, causal, scale, backend):
     return out, lse
 
 
+@torch.library.custom_op("flashtile::attention_varlen", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def _attention_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                         max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
+                         seqused_k: Optional[torch.Tensor], causal: bool, scale: Optional[float],
+                         window_left: int, window_right: int, softcap: float,
+                         alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                         backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _api.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, seqused_k=seqused_k, causal=causal, scale=scale,
+                                 window=(window_left, window_right), softcap=softcap,
+                                 alibi_slopes=alibi_slopes, sinks=sinks, return_lse=True,
+                                 backend=backend)
+
+
+@_attention_varlen_op.register_fake
+def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           seqused_k, causal, scale, window_left, window_right, softcap,
+                           alibi_slopes, sinks, backend):
+    # out like q (total_q, heads_q, head_dim), lse float32 (heads_q, total_q): shapes that
+    # do not depend on the values of cu_seqlens.
+    torch._check(q.dim() == 3,
+                 lambda: f"flashtile: q must be 3-D (total_tokens, heads, head_dim), got {q.dim()}-D")
+    total_q, heads_q, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((heads_q, total_q), dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+# --- the reference backward --------------------------------------------------------------------
+
+def _window_visible(rel: torch.Tensor, left: int, right: int) -> torch.Tensor:
+    """Key j is visible to query i when rel = j - (i + seqlen_k - seqlen_q) lies in
+    [-left, right] (-1: that side unbounded); rel is computed per sequence by the caller."""
+    visible = torch.ones_like(rel, dtype=torch.bool)
+    if left >= 0:
+        visible &= rel >= -left
+    if right >= 0:
+        visible &= rel <= right
+    return visible
+
+
+def _dense_geometry(seqlen_q: int, seqlen_k: int, left: int, right: int, device):
+    """(visible, distance), both (1, 1, Sq, Sk): the mask and the ALiBi distance |rel|."""
+    i = torch.arange(seqlen_q, device=device).unsqueeze(1)
+    j = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    rel = j - (i + seqlen_k - seqlen_q)                                 # (Sq, Sk)
+    return _window_visible(rel, left, right)[None, None], rel.abs().float()[None, None]
+
+
+def _varlen_geometry(cu_seqlens_q, cu_seqlens_k, seqused_k, total_q: int, total_k: int,
+                     left: int, right: int, device):
+    """(visible, distance) of a packed batch, both (1, 1, total_q, total_k), and the
+    sequence of every query row (total_q,): a block-diagonal mask, each block aligned to
+    its own sequence's lengths, built without reading cu_seqlens on the host."""
+    cu_q, cu_k = cu_seqlens_q.long(), cu_seqlens_k.long()
+    batch = cu_q.numel() - 1
+    rows = torch.arange(total_q, device=device)
+    cols = torch.arange(total_k, device=device)
+    # Row r belongs to the sequence b with cu[b] <= r < cu[b+1] (empty sequences own none);
+    # key rows past cu_k[batch] get b = batch, which no query row has.
+    seq_q = torch.searchsorted(cu_q[1:], rows, right=True)             # (Tq,)
+    seq_k = torch.searchsorted(cu_k[1:], cols, right=True)             # (Tk,)
+    seq_k_clamped = seq_k.clamp(max=batch - 1)
+    len_q = cu_q[1:] - cu_q[:-1]                                        # (batch,)
+    len_k = seqused_k.long() if seqused_k is not None else cu_k[1:] - cu_k[:-1]
+    i = rows - cu_q[seq_q]                                              # position in its sequence
+    j = cols - cu_k[seq_k_clamped]
+    key_used = (j >= 0) & (j < len_k[seq_k_clamped])                    # (Tk,)
+    offset = (len_k - len_q)[seq_q]                                     # (Tq,)
+    rel = j.unsqueeze(0) - (i + offset).unsqueeze(1)                    # (Tq, Tk)
+    visible = ((seq_q.unsqueeze(1) == seq_k.unsqueeze(0)) & key_used.unsqueeze(0)
+               & _window_visible(rel, left, right))
+    return visible[None, None], rel.abs().float()[None, None], seq_q
+
+
+def _scores_backward(Q, K, V, O, dO, lse, dlse, visible, distance, slope, sink, scale,
+                     softcap):
+    """Gradients of standard attention with every variant, recomputed from the forward's lse.
+
+    Q, O, dO (G, H, Sq, D); K, V (G, H, Sk, D) with the kv heads already expanded; lse,
+    dlse (G, H, Sq); visible, distance broadcastable to (G, H, Sq, Sk); slope broadcastable
+    to (G, H, Sq, 1) or None; sink (1, H, 1, 1) or None. Returns dQ, dK, dV (expanded
+    heads), the ALiBi term -Σ_j dS·|rel| (G, H, Sq) or None, and the sink gradient (H,)
+    or None.
+    """
+    S_raw = torch.matmul(Q, K.transpose(-1, -2)) * scale               # (G, H, Sq, Sk)
+    if softcap:
+        capped = torch.tanh(S_raw / softcap)
+        S = softcap * capped
+    else:
+        S = S_raw
+    if slope is not None:
+        S = S - slope * distance
+    S = S.masked_fill(~visible, float("-inf"))
+    m = lse.unsqueeze(-1)                                               # (G, H, Sq, 1)
+    empty = torch.isneginf(m)  # rows that saw no key and no sink: P = 0
+    P = torch.exp(S - m).masked_fill(empty, 0.0)                        # (G, H, Sq, Sk)
+    dV = torch.matmul(P.transpose(-1, -2), dO)                          # (G, H, Sk, D)
+    dP = torch.matmul(dO, V.transpose(-1, -2))                          # (G, H, Sq, Sk)
+    # D = rowsum(dO * O) from the output; the lse gradient adds P (dlse/dS = P).
+    D = (dO * O).sum(-1, keepdim=True)                                  # (G, H, Sq, 1)
+    g = dlse.unsqueeze(-1)                                              # (G, H, Sq, 1)
+    dS = P * (dP - D + g)                                               # (G, H, Sq, Sk)
+    alibi_term = -(dS * distance).sum(-1) if slope is not None else None
+    dsink = None
+    if sink is not None:
+        # The sink is a key of logit s and value 0: dS_sink = P_sink * (0 - D + dlse).
+        P_sink = torch.exp(sink - m).masked_fill(empty, 0.0)            # (G, H, Sq, 1)
+        dsink = (P_sink * (g - D)).sum(dim=(0, 2, 3))                   # (H,)
+    if softcap:
+        dS = dS * (1.0 - capped * capped)
+    dQ = torch.matmul(dS, K) * scale                                    # (G, H, Sq, D)
+    dK = torch.matmul(dS.transpose(-1, -2), Q) * scale                  # (G, H, Sk, D)
+    return dQ, dK, dV, alibi_term, dsink
+
+
+def _expand_kv(x: torch.Tensor, group: int) -> torch.Tensor:
+    return x.repeat_interleave(group, dim=1)
+
+
+def _sum_kv_groups(grad: torch.Tensor, heads_kv: int) -> torch.Tensor:
+    """(G, Hq, S, D) -> (G, Hkv, S, D): GQA sums the gradients of a kv head's query heads."""
+    g, _, s, d = grad.shape
+    return grad.reshape(g, heads_kv, -1, s, d).sum(2)
+
+
+def _window(causal: bool, left: int, right: int) -> tuple[int, int]:
+    """The library's window rule: causal is right = 0; -1 (or wider) is unbounded."""
+    return left, 0 if causal else right
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, _backend = inputs
+    q, k, v, causal, scale, left, right, softcap, alibi_slopes, sinks, _backend = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal = causal
-    ctx.scale = scale
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks)
+    ctx.window = _window(causal, left, right)
+    ctx.scale, ctx.softcap = scale, softcap
 
 
 def _backward(ctx, grad_out, grad_lse):
-    """Reference backward in plain torch ops (fp32), from the saved lse.
-
-    It materialises P (batch, heads_q, seqlen_q, seqlen_k): O(N^2) memory, unlike the
-    forward. It exists so that gradients are right (and torch.compile/opcheck can trace
-    them), not to be fast.
-    """
-    q, k, v, out, lse = ctx.saved_tensors
+    """Reference backward in plain torch ops (fp32), from the saved lse (O(N^2) memory)."""
+    q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
     scale = ctx.scale if ctx.scale is not None else head_dim ** -0.5
     f32 = torch.float32
-    Q = q.to(f32).transpose(1, 2)                                      # (B, Hq, Sq, D)
-    K = k.to(f32).transpose(1, 2).repeat_interleave(group, dim=1)      # (B, Hq, Sk, D)
-    V = v.to(f32).transpose(1, 2).repeat_interleave(group, dim=1)      # (B, Hq, Sk, D)
-    O = out.to(f32).transpose(1, 2)                                    # (B, Hq, Sq, D)
-    dO = grad_out.to(f32).transpose(1, 2)                              # (B, Hq, Sq, D)
-    m = lse.unsqueeze(-1)                                              # (B, Hq, Sq, 1)
-    S = torch.matmul(Q, K.transpose(-1, -2)) * scale                   # (B, Hq, Sq, Sk)
-    if ctx.causal:  # bottom-right: query i sees key j when j <= i + seqlen_k - seqlen_q
-        i = torch.arange(seqlen_q, device=q.device).unsqueeze(1)
-        j = torch.arange(seqlen_k, device=q.device).unsqueeze(0)
-        S = S.masked_fill(j > i + (seqlen_k - seqlen_q), float("-inf"))
-    # P from the forward's lse; rows that saw no key (lse = -inf) have P = 0.
-    P = torch.exp(S - m).masked_fill(torch.isneginf(m), 0.0)          # (B, Hq, Sq, Sk)
-    dV = torch.matmul(P.transpose(-1, -2), dO)                         # (B, Hq, Sk, D)
-    dP = torch.matmul(dO, V.transpose(-1, -2))                         # (B, Hq, Sq, Sk)
-    # dS = P * (dP - rowsum(dO * O)) from out; + P * dlse since dlse/dS = P.
-    dS = P * (dP - (dO * O).sum(-1, keepdim=True) + grad_lse.to(f32).unsqueeze(-1))
-    dQ = torch.matmul(dS, K) * scale                                   # (B, Hq, Sq, D)
-    dK = torch.matmul(dS.transpose(-1, -2), Q) * scale                 # (B, Hq, Sk, D)
-
-    def to_input(grad, like):  # sum GQA groups, back to BSHD and the input dtype
-        grad = grad.reshape(batch, heads_kv, -1, grad.shape[-2], head_dim).sum(2)
-        return grad.transpose(1, 2).to(like.dtype)
-
-    dq = dQ.transpose(1, 2).to(q.dtype)
-    return dq, to_input(dK, k), to_input(dV, v), None, None, None
+    bhsd = lambda x: x.to(f32).transpose(1, 2)                          # BSHD -> (B, H, S, D)
+    visible, distance = _dense_geometry(seqlen_q, seqlen_k, *ctx.window, q.device)
+    slope = None
+    if alibi_slopes is not None:  # (Hq) or (B, Hq) -> broadcastable to (B, Hq, Sq, 1)
+        slope = alibi_slopes.to(f32).reshape(-1 if alibi_slopes.dim() == 2 else 1, heads_q, 1, 1)
+    sink = sinks.to(f32).reshape(1, heads_q, 1, 1) if sinks is not None else None
+    dQ, dK, dV, alibi_term, dsink = _scores_backward(
+        bhsd(q), _expand_kv(bhsd(k), group), _expand_kv(bhsd(v), group), bhsd(out),
+        bhsd(grad_out), lse, grad_lse.to(f32), visible, distance, slope, sink, scale,
+        ctx.softcap)
+    dslopes = None
+    if alibi_term is not None and ctx.needs_input_grad[8]:
+        dslopes = alibi_term.sum(-1)                                    # (B, Hq)
+        dslopes = (dslopes if alibi_slopes.dim() == 2 else dslopes.sum(0)).to(alibi_slopes.dtype)
+    dsinks = dsink.to(sinks.dtype) if dsink is not None and ctx.needs_input_grad[9] else None
+    back = lambda grad, like: grad.transpose(1, 2).to(like.dtype)        # -> BSHD, input dtype
+    return (back(dQ, q), back(_sum_kv_groups(dK, heads_kv), k),
+            back(_sum_kv_groups(dV, heads_kv), v), None, None, None, None, None, dslopes,
+            dsinks, None)
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
+
+def _setup_varlen_context(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, _max_q, _max_k, seqused_k, causal, scale, left, right,
+     softcap, alibi_slopes, sinks, _backend) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                          alibi_slopes, sinks)
+    ctx.window = _window(causal, left, right)
+    ctx.scale, ctx.softcap = scale, softcap
+
+
+def _varlen_backward(ctx, grad_out, grad_lse):
+    """The reference backward over the packed batch as one block-diagonal problem."""
+    (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
+     sinks) = ctx.saved_tensors
+    total_q, heads_q, head_dim = q.shape
+    total_k, heads_kv = k.shape[0], k.shape[1]
+    group = heads_q // heads_kv
+    scale = ctx.scale if ctx.scale is not None else head_dim ** -0.5
+    f32 = torch.float32
+    hsd = lambda x: x.to(f32).transpose(0, 1).unsqueeze(0)              # (T, H, D) -> (1, H, T, D)
+    visible, distance, seq_q = _varlen_geometry(cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                                total_q, total_k, *ctx.window, q.device)
+    slope = None
+    if alibi_slopes is not None:  # (Hq) -> (1, Hq, 1, 1); (B, Hq) -> each row's sequence
+        slopes = alibi_slopes.to(f32)
+        slope = (slopes[seq_q].transpose(0, 1)[None, :, :, None] if slopes.dim() == 2
+                 else slopes.reshape(1, heads_q, 1, 1))
+    sink = sinks.to(f32).reshape(1, heads_q, 1, 1) if sinks is not None else None
+    dQ, dK, dV, alibi_term, dsink = _scores_backward(
+        hsd(q), _expand_kv(hsd(k), group), _expand_kv(hsd(v), group), hsd(out), hsd(grad_out),
+        lse.unsqueeze(0), grad_lse.to(f32).unsqueeze(0), visible, distance, slope, sink, scale,
+        ctx.softcap)
+    dslopes = None
+    if alibi_term is not None and ctx.needs_input_grad[13]:
+        per_row = alibi_term[0].transpose(0, 1)                         # (Tq, Hq)
+        if alibi_slopes.dim() == 2:
+            dslopes = torch.zeros(alibi_slopes.shape, dtype=f32, device=q.device)
+            dslopes = dslopes.index_add(0, seq_q, per_row)
+        else:
+            dslopes = per_row.sum(0)
+        dslopes = dslopes.to(alibi_slopes.dtype)
+    dsinks = dsink.to(sinks.dtype) if dsink is not None and ctx.needs_input_grad[14] else None
+    back = lambda grad, like: grad[0].transpose(0, 1).to(like.dtype)    # -> (T, H, D)
+    return (back(dQ, q), back(_sum_kv_groups(dK, heads_kv), k),
+            back(_sum_kv_groups(dV, heads_kv), v), None, None, None, None, None, None, None,
+            None, None, None, dslopes, dsinks, None)
+
+
+_attention_varlen_op.register_autograd(_varlen_backward, setup_context=_setup_varlen_context)
+
+
+# --- Python entry points -------------------------------------------------------------------------
 
 def _head_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     # The kernels read rows of head_dim elements: the head_dim stride must be 1. Any other
@@ -102,12 +289,53 @@ def _head_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 or x.size(-1) == 1 else x.contiguous()
 
 
+def _window_pair(window, api: str) -> tuple[int, int]:
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError(f"{api}: window must be a pair (left, right), -1 for an unbounded "
+                         f"side, got {window!r}") from None
+    return int(left), int(right)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              scale: Optional[float] = None, return_lse: bool = False,
-              backend: str = "auto"):
-    """flashtile.attention through the torch op: BSHD tensors, traceable by torch.compile."""
+              scale: Optional[float] = None, window=(-1, -1), softcap: float = 0.0,
+              alibi_slopes: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None,
+              return_lse: bool = False, backend: str = "auto"):
+    """flashtile.attention through the torch op: BSHD tensors, autograd, torch.compile.
+
+    The arguments of flashtile.attention (window (left, right), softcap, alibi_slopes
+    float32 (heads_q) or (batch, heads_q), sinks float32 (heads_q)); gradients flow to q,
+    k, v, alibi_slopes and sinks. Returns out, or (out, lse) with lse float32
+    (batch, heads_q, seqlen_q).
+    """
+    left, right = _window_pair(window, "flashtile.torch.attention")
     out, lse = _attention_op(_head_dim_contiguous(q), _head_dim_contiguous(k),
-                             _head_dim_contiguous(v), causal, scale, backend)
+                             _head_dim_contiguous(v), bool(causal), scale, left, right,
+                             float(softcap or 0.0), alibi_slopes, sinks, backend)
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                     max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None, *,
+                     seqused_k: Optional[torch.Tensor] = None, causal: bool = False,
+                     scale: Optional[float] = None, window=(-1, -1), softcap: float = 0.0,
+                     alibi_slopes: Optional[torch.Tensor] = None,
+                     sinks: Optional[torch.Tensor] = None, return_lse: bool = False,
+                     backend: str = "auto"):
+    """flashtile.attention_varlen through the torch op: packed tensors, autograd, compile.
+
+    q (total_q, heads_q, head_dim), k/v (total_k, heads_kv, head_dim), int32 cu_seqlens
+    (batch + 1) on q's device; the variant arguments as attention(). Returns out, or
+    (out, lse) with lse float32 (heads_q, total_q).
+    """
+    left, right = _window_pair(window, "flashtile.torch.attention_varlen")
+    out, lse = _attention_varlen_op(
+        _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v), cu_seqlens_q,
+        cu_seqlens_k, None if max_seqlen_q is None else int(max_seqlen_q),
+        None if max_seqlen_k is None else int(max_seqlen_k), seqused_k, bool(causal), scale,
+        left, right, float(softcap or 0.0), alibi_slopes, sinks, backend)
     return (out, lse) if return_lse else out
 
 
@@ -127,7 +355,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         raise ValueError(
             "flashtile.torch.scaled_dot_product_attention: attn_mask is not supported "
             "(flashtile applies no mask other than causal); pass attn_mask=None and use "
-            "is_causal")
+            "is_causal, or flashtile.torch.attention's window")
     if dropout_p != 0.0:
         raise ValueError(
             "flashtile.torch.scaled_dot_product_attention: dropout_p must be 0.0 "
@@ -158,6 +386,12 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     return out.transpose(1, 2)
 
 
+def _refuse_dropout(api: str, dropout_p: float):
+    if dropout_p != 0.0:
+        raise ValueError(f"flashtile.torch.{api}: dropout_p must be 0.0 (flashtile has no "
+                         f"dropout), got {dropout_p}")
+
+
 def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                     causal: bool = False, window_size: tuple[int, int] = (-1, -1),
@@ -165,21 +399,38 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     deterministic: bool = False, return_attn_probs: bool = False):
     """Drop-in for flash_attn.flash_attn_func (BSHD tensors, causal aligned bottom-right).
 
-    Returns out, or (out, softmax_lse) with return_attn_probs=True; lse is float32
-    (batch, heads_q, seqlen_q). Sliding windows, softcap, ALiBi and dropout are refused with
-    ValueError. flashtile is deterministic whatever `deterministic` says.
+    window_size (left, right), softcap and alibi_slopes (float32 (heads) or
+    (batch, heads)) as in flash_attn. Returns out, or flash_attn's (out, softmax_lse,
+    S_dmask) with return_attn_probs=True: lse float32 (batch, heads_q, seqlen_q), and
+    S_dmask None (flashtile never forms the probabilities). dropout_p must be 0
+    (ValueError otherwise); flashtile is deterministic whatever `deterministic` says.
     """
-    unsupported = []
-    if dropout_p != 0.0:
-        unsupported.append(f"dropout_p={dropout_p}")
-    if tuple(window_size) != (-1, -1):
-        unsupported.append(f"window_size={tuple(window_size)}")
-    if softcap != 0.0:
-        unsupported.append(f"softcap={softcap}")
-    if alibi_slopes is not None:
-        unsupported.append("alibi_slopes")
-    if unsupported:
-        raise ValueError("flashtile.torch.flash_attn_func: not supported: "
-                         + ", ".join(unsupported))
-    out, lse = attention(q, k, v, causal=causal, scale=softmax_scale, return_lse=True)
-    return (out, lse) if return_attn_probs else out
+    _refuse_dropout("flash_attn_func", dropout_p)
+    out, lse = attention(q, k, v, causal=causal, scale=softmax_scale, window=window_size,
+                         softcap=softcap, alibi_slopes=alibi_slopes, return_lse=True)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                           max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           softmax_scale: Optional[float] = None, causal: bool = False,
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           alibi_slopes: Optional[torch.Tensor] = None,
+                           deterministic: bool = False, return_attn_probs: bool = False,
+                           block_table: Optional[torch.Tensor] = None):
+    """Drop-in for flash_attn.flash_attn_varlen_func (packed tensors).
+
+    q (total_q, heads_q, head_dim), k/v (total_k, heads_kv, head_dim), int32 cu_seqlens
+    (batch + 1); max_seqlen_q/k are checked against the sequences. Returns out, or
+    (out, softmax_lse, None) with return_attn_probs=True, lse float32 (heads_q, total_q).
+    dropout_p must be 0 and block_table None (paged KV is not supported): ValueError.
+    """
+    _refuse_dropout("flash_attn_varlen_func", dropout_p)
+    if block_table is not None:
+        raise ValueError("flashtile.torch.flash_attn_varlen_func: block_table (paged KV) is "
+                         "not supported; pass contiguous packed k and v")
+    out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                causal=causal, scale=softmax_scale, window=window_size,
+                                softcap=softcap, alibi_slopes=alibi_slopes, return_lse=True)
+    return (out, lse, None) if return_attn_probs else out

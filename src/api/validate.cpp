@@ -126,7 +126,10 @@ void Validator::check_param_view(const ParamView& view, const char* name, int64_
   if (!(view.device == call_.q.device))
     fail(ErrorKind::invalid_argument, name, ".device must match q.device (expected ",
          device_name(call_.q.device), ", got ", device_name(view.device), ")");
-  const char* shapes = allow_2d ? "(heads_q) or (batch, heads_q)" : "(heads_q)";
+  const std::string shapes =
+      allow_2d ? "(heads_q) or (batch, heads_q) = (" + std::to_string(heads) + ",) or (" +
+                     std::to_string(batch) + ", " + std::to_string(heads) + ")"
+               : "(heads_q) = (" + std::to_string(heads) + ",)";
   if (view.ndim == 1 && view.shape[0] == heads) {
     batch_stride = 0;
     head_stride = view.strides[0];
@@ -139,8 +142,7 @@ void Validator::check_param_view(const ParamView& view, const char* name, int64_
     for (int i = 0; i < std::clamp(view.ndim, 0, 2); ++i) given << (i ? ", " : "") << view.shape[i];
     given << (view.ndim == 1 ? ",)" : ")");
     if (view.ndim < 1 || view.ndim > 2) given.str(std::to_string(view.ndim) + "-D");
-    fail(ErrorKind::invalid_argument, name, " must be shaped ", shapes, " = (", batch, ", ",
-         heads, "), got ", given.str());
+    fail(ErrorKind::invalid_argument, name, " must be shaped ", shapes, ", got ", given.str());
   }
   if (batch_stride < 0 || head_stride < 0)
     fail(ErrorKind::invalid_argument, name, " strides must be non-negative");

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import flashtile
-from conftest import max_rel_error, random_case, reference_attention
+from conftest import (max_rel_error, random_case, reference_attention,
+                      reference_attention_varlen)
 
 # JAX grabs 75% of GPU memory at its first use unless told not to; torch runs in this
 # process too.
@@ -63,5 +64,54 @@ def test_cupy_arrays(rng):
     stream.synchronize()
     assert isinstance(out, cupy.ndarray) and isinstance(lse, cupy.ndarray)
     ref_out, ref_lse = reference_attention(q[:, :, ::2], k, v, causal=True)
+    assert max_rel_error(cupy.asnumpy(out), ref_out) <= 1e-5
+    assert max_rel_error(cupy.asnumpy(lse), ref_lse) <= 1e-5
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_jax_variants_and_varlen(rng, platform):
+    if platform not in _jax_platforms():
+        pytest.skip(f"no JAX {platform} device with a flashtile backend")
+    import jax
+    device = jax.devices(platform)[0]
+    put = lambda x: jax.device_put(x, device)
+    q, k, v = random_case(rng, 1, 20, 26, 4, 2, 32)
+    cu_q, cu_k = np.array([0, 7, 7, 20], np.int32), np.array([0, 9, 12, 26], np.int32)
+    sinks = rng.uniform(-1, 1, 4).astype(np.float32)
+    options = dict(causal=True, window=(5, 0), softcap=1.5, sinks=sinks)
+    try:
+        flashtile.plan_varlen(put(q[0]), put(k[0]), put(v[0]), put(cu_q), put(cu_k),
+                              **{**options, "sinks": put(sinks)})
+    except ValueError as error:
+        if "no backend can run this call" in str(error):
+            pytest.skip(str(error))
+        raise
+    out, lse = flashtile.attention_varlen(put(q[0]), put(k[0]), put(v[0]), put(cu_q), put(cu_k),
+                                          return_lse=True, **{**options, "sinks": put(sinks)})
+    assert isinstance(out, jax.Array) and out.devices() == {device} and lse.shape == (4, 20)
+    ref_out, ref_lse = reference_attention_varlen(q[0], k[0], v[0], cu_q, cu_k, **options)
+    assert max_rel_error(np.asarray(out), ref_out) <= 1e-5
+    assert max_rel_error(np.asarray(lse), ref_lse) <= 1e-5
+
+
+def test_cupy_variants_and_varlen(rng):
+    cupy = pytest.importorskip("cupy")
+    if not _flashtile_cuda() or cupy.cuda.runtime.getDeviceCount() == 0:
+        pytest.skip("needs CUDA and a flashtile CUDA backend")
+    q, k, v = random_case(rng, 1, 20, 26, 4, 2, 32)
+    cu_q, cu_k = np.array([0, 7, 7, 20], np.int32), np.array([0, 9, 12, 26], np.int32)
+    slopes = rng.uniform(0.1, 0.5, 4).astype(np.float32)
+    args = [cupy.asarray(x) for x in (q[0], k[0], v[0], cu_q, cu_k)]
+    try:
+        flashtile.plan_varlen(*args, causal=True, alibi_slopes=cupy.asarray(slopes))
+    except ValueError as error:
+        if "no backend can run this call" in str(error):
+            pytest.skip(str(error))
+        raise
+    out, lse = flashtile.attention_varlen(*args, causal=True, alibi_slopes=cupy.asarray(slopes),
+                                          return_lse=True)
+    assert isinstance(out, cupy.ndarray) and lse.shape == (4, 20)
+    ref_out, ref_lse = reference_attention_varlen(q[0], k[0], v[0], cu_q, cu_k, causal=True,
+                                                  alibi_slopes=slopes)
     assert max_rel_error(cupy.asnumpy(out), ref_out) <= 1e-5
     assert max_rel_error(cupy.asnumpy(lse), ref_lse) <= 1e-5

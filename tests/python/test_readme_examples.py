@@ -10,6 +10,18 @@ v = np.random.randn(2, 1024, 2, 64).astype(np.float32)
 out, lse = flashtile.attention(q, k, v, causal=True, return_lse=True)
 '''
 
+VARIANTS_EXAMPLE = '''
+import numpy as np, flashtile
+cu_seqlens = np.array([0, 100, 100, 356], dtype=np.int32)  # 3 sequences: 100, 0, 256 tokens
+q = np.random.randn(356, 8, 64).astype(np.float32)         # packed (total_tokens, heads, head_dim)
+k = np.random.randn(356, 2, 64).astype(np.float32)
+v = np.random.randn(356, 2, 64).astype(np.float32)
+sinks = np.zeros(8, dtype=np.float32)                      # one logit per query head (gpt-oss)
+out, lse = flashtile.attention_varlen(q, k, v, cu_seqlens, cu_seqlens, causal=True,
+                                      window=(127, 0), softcap=30.0, sinks=sinks,
+                                      return_lse=True)    # lse: (heads, total_tokens)
+'''
+
 TORCH_EXAMPLE = '''
 import torch, flashtile.torch as ft
 q, k, v = (torch.randn(2, 8, 4096, 128, device="cuda") for _ in range(3))  # BHSD, as SDPA
@@ -32,6 +44,12 @@ def test_numpy_example():
     scope = {}
     exec(NUMPY_EXAMPLE, scope)
     assert scope["out"].shape == (2, 1024, 8, 64) and scope["lse"].shape == (2, 8, 1024)
+
+
+def test_variants_example():
+    scope = {}
+    exec(VARIANTS_EXAMPLE, scope)
+    assert scope["out"].shape == (356, 8, 64) and scope["lse"].shape == (8, 356)
 
 
 def test_torch_example(capsys):
