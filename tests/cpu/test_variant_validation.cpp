@@ -89,10 +89,10 @@ TEST(VariantValidation, AlibiSlopesOfTheWrongShapeAreRefused) {
   const Shape s = small_variant_shape();  // batch 2, heads_q 4
   expect_refused(s, [](AttentionCase& c, Options& o, auto&) {
     o.alibi_slopes = ParamView::vector(c.alibi_slopes.data(), Device::cpu(), 3);
-  }, "alibi_slopes must be shaped (heads_q) or (batch, heads_q) = (2, 4), got (3,)");
+  }, "alibi_slopes must be shaped (heads_q) or (batch, heads_q) = (4,) or (2, 4), got (3,)");
   expect_refused(s, [](AttentionCase& c, Options& o, auto&) {
     o.alibi_slopes = ParamView::matrix(c.alibi_slopes.data(), Device::cpu(), 1, 4);
-  }, "alibi_slopes must be shaped (heads_q) or (batch, heads_q) = (2, 4), got (1, 4)");
+  }, "alibi_slopes must be shaped (heads_q) or (batch, heads_q) = (4,) or (2, 4), got (1, 4)");
   expect_refused(s, [](AttentionCase& c, Options& o, auto&) {
     o.alibi_slopes = ParamView::vector(c.alibi_slopes.data(), Device::cpu(), 4);
     o.alibi_slopes.ndim = 3;
@@ -194,7 +194,7 @@ TEST(VarlenValidation, OtherVarlenArgumentsAreChecked) {
   expect_refused(s, [](AttentionCase& c, Options& o, auto&) {
     c.alibi_slopes.assign(4 * 2, 0.1f);  // (4, heads): the batch is 3 sequences
     o.alibi_slopes = ParamView::matrix(c.alibi_slopes.data(), Device::cpu(), 4, 2);
-  }, "alibi_slopes must be shaped (heads_q) or (batch, heads_q) = (3, 2), got (4, 2)");
+  }, "alibi_slopes must be shaped (heads_q) or (batch, heads_q) = (2,) or (3, 2), got (4, 2)");
 }
 
 TEST(VarlenValidation, EmptySequencesAndUsedKeysRunAndMatchTheOracle) {
