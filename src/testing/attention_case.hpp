@@ -4,6 +4,8 @@
 // and the oracle.
 #pragma once
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -102,19 +104,38 @@ struct HostTensor {
   TensorView view;
 
   HostTensor(DType dtype, std::array<int64_t, 4> shape, bool strided) {
+    for (int64_t extent : shape)
+      if (extent <= 0) throw_size_error(shape, "every dimension must be positive");
     const int64_t d = shape[3];
-    std::array<int64_t, 4> strides;
-    int64_t elements;
-    if (strided) {
-      const int64_t row = d + 8;  // padded rows
-      strides = {shape[2] * shape[1] * row, row, shape[1] * row, 1};
-      elements = shape[0] * strides[0];
-    } else {
-      strides = {shape[1] * shape[2] * d, shape[2] * d, d, 1};
-      elements = shape[0] * strides[0];
+    const int64_t row = strided ? d + 8 : d;  // strided: padded rows, heads outermost
+    const std::array<int64_t, 4> order = strided ? std::array<int64_t, 4>{0, 2, 1, 3}
+                                                 : std::array<int64_t, 4>{0, 1, 2, 3};
+    std::array<int64_t, 4> strides{};
+    int64_t elements = 1;
+    __int128 wide = 1;
+    for (int i = 3; i >= 0; --i) {  // innermost first, in storage order
+      strides[order[i]] = elements;
+      wide *= i == 3 ? row : shape[order[i]];
+      if (wide > INT64_MAX / 8) throw_size_error(shape, "its size overflows 64 bits");
+      elements = static_cast<int64_t>(wide);
     }
-    bytes.assign(static_cast<size_t>(elements) * dtype_size(dtype), 0);
+    const uint64_t needed = uint64_t(elements) * dtype_size(dtype);
+    if (const uint64_t memory = host_memory_bytes(); memory > 0 && needed > memory)
+      throw_size_error(shape, "it needs " + std::to_string(needed) +
+                                  " bytes of host memory and this machine has " +
+                                  std::to_string(memory));
+    bytes.assign(static_cast<size_t>(needed), 0);
     view = {bytes.data(), dtype, Device::cpu(), shape, strides};
+  }
+  static uint64_t host_memory_bytes() {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : 0;
+  }
+  [[noreturn]] static void throw_size_error(const std::array<int64_t, 4>& shape, const std::string& why) {
+    throw Error(ErrorKind::invalid_argument,
+                "cannot allocate a tensor of shape (" + std::to_string(shape[0]) + ", " +
+                    std::to_string(shape[1]) + ", " + std::to_string(shape[2]) + ", " +
+                    std::to_string(shape[3]) + "): " + why);
   }
 
   int64_t index(int64_t b, int64_t s, int64_t h, int64_t c) const {

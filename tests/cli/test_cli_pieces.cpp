@@ -6,7 +6,12 @@
 #include <cmath>
 #include <limits>
 
+#include <filesystem>
+#include <fstream>
+
 #include "flags.hpp"
+#include "npy.hpp"
+#include "output_files.hpp"
 #include "flashtile/reference.hpp"
 #include "workload.hpp"
 
@@ -228,6 +233,87 @@ TEST(SampledError, MatchesTheFullCheckAndSeesAWrongRow) {
                              5.0f);
     EXPECT_GT(measure_error(work, 0).max_abs_err, 3.0) << shape.describe();
   }
+}
+
+// --- output files and the .npy header ---------------------------------------------------
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+TEST(OutputFiles, AFailedCommitPutsEveryOldFileBackAndLeavesNoTemporary) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "flashtile_outputs_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string out = (dir / "out.npy").string(), lse = (dir / "lse.npy").string();
+  std::ofstream(out) << "old out";
+  {
+    OutputFiles files;
+    files.reserve("--out", out);
+    files.reserve("--lse", lse);  // new
+    files.stage(out, "new", "out", 3);
+    files.stage(lse, "new", "lse", 3);
+    std::filesystem::create_directory(lse);  // lse cannot be placed any more
+    EXPECT_NE(error_of([&] { files.commit(); }).find("--lse"), std::string::npos);
+  }
+  EXPECT_EQ(read_file(out), "old out");  // the out swap was undone
+  int entries = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++entries;
+  EXPECT_EQ(entries, 2);  // out.npy and the lse directory: no temporary left
+  std::filesystem::remove_all(dir);
+}
+
+TEST(OutputFiles, CommitPlacesEveryFile) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "flashtile_outputs_ok";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string out = (dir / "out.npy").string(), lse = (dir / "lse.npy").string();
+  std::ofstream(out) << "old";
+  OutputFiles files;
+  files.reserve("--out", out);
+  files.reserve("--lse", lse);
+  files.stage(out, "h", "new out", 7);
+  files.stage(lse, "h", "new lse", 7);
+  files.commit();
+  EXPECT_EQ(read_file(out), "hnew out");
+  EXPECT_EQ(read_file(lse), "hnew lse");
+  int entries = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++entries;
+  EXPECT_EQ(entries, 2);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(NpyHeader, WrittenHeadersParseBack) {
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{2, 3, 4, 5}, std::vector<int64_t>{7}, std::vector<int64_t>{}}) {
+    const std::string header = npy_header(DType::bf16, shape);
+    EXPECT_EQ(header.size() % 64, 0u);
+    const NpyHeader parsed = parse_npy_header(header, "x.npy");
+    EXPECT_EQ(parsed.shape, shape);
+    EXPECT_EQ(parsed.type, NpyType::bf16);
+    EXPECT_EQ(parsed.data_offset, header.size());
+  }
+}
+
+TEST(NpyHeader, StrictAboutTheDict) {
+  auto parse = [](const std::string& dict) {
+    std::string text = dict + "\n";
+    const char prefix[10] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0, char(text.size() & 0xFF),
+                             char(text.size() >> 8)};
+    return error_of([&] { parse_npy_header(std::string(prefix, 10) + text, "f.npy"); });
+  };
+  EXPECT_EQ(parse("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }"), "");
+  EXPECT_EQ(parse("{\"descr\": \"<i4\", \"shape\": (5,), \"fortran_order\": False}"), "");
+  EXPECT_NE(parse("{'descr': '<f4', 'fortran_order': False, 'shape': (2abc, 3), }"), "");
+  EXPECT_NE(parse("{'descr': '<f4', 'fortran_order': False, 'shape': (2.9, 3), }"), "");
+  EXPECT_NE(parse("{'descr': '<f4', 'fortran_order': False, 'shape': (5), }"), "");
+  EXPECT_NE(parse("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), } x"), "");
+  EXPECT_NE(parse("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (2,), }"), "");
+  EXPECT_NE(parse("{'descr': '<f4', 'shape': (2,), }"), "");
+  EXPECT_NE(parse("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }"), "");
+  EXPECT_NE(parse("{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904, 4), }")
+                .find("too large"), std::string::npos);
 }
 
 }  // namespace

@@ -58,6 +58,12 @@ Window parse_window(const std::string& text, const std::string& flag) {
   return Window{*left, *right};
 }
 
+float parse_finite(const std::string& text, const std::string& flag) {
+  const std::optional<float> value = whole_finite_float(text);
+  if (!value) bad_flag(flag, "a finite number", text);
+  return *value;
+}
+
 float parse_softcap(const std::string& text, const std::string& flag) {
   const std::optional<float> value = whole_finite_float(text);
   if (!value || *value <= 0)

@@ -1,4 +1,4 @@
-// Strict parsing of the CLI's variant flags (--window, --softcap, --sinks, --varlen). Each
+// Strict parsing of the CLI's numeric flags (--scale, --window, --softcap, --sinks, --varlen). Each
 // parser consumes its whole text or throws flashtile::Error (invalid_argument) naming the
 // flag, what it expects and what it got; nothing runs after such an error.
 #pragma once
@@ -14,6 +14,9 @@ namespace flashtile::cli {
 
 // "L,R": two integers >= -1 (-1 = that side unbounded).
 Window parse_window(const std::string& text, const std::string& flag = "--window");
+
+// Any finite number (run's --scale).
+float parse_finite(const std::string& text, const std::string& flag);
 
 // A positive finite number (the c of c*tanh(S/c)).
 float parse_softcap(const std::string& text, const std::string& flag = "--softcap");

@@ -28,6 +28,39 @@ struct VariantFlags {
   }
 };
 
+// Integer validators whose messages name the expected and the given value (CLI11's own
+// range message prints the bounds as floating-point numbers).
+CLI::Validator at_least(long long minimum) {
+  return CLI::Validator(
+      [minimum](std::string& input) -> std::string {
+        long long value = 0;
+        size_t used = 0;
+        try {
+          value = std::stoll(input, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used != input.size() || input.empty()) return "expected an integer, got '" + input + "'";
+        if (value < minimum)
+          return "must be >= " + std::to_string(minimum) + ", got " + input;
+        return "";
+      },
+      ">=" + std::to_string(minimum));
+}
+const CLI::Validator kPositive = at_least(1);
+// OpenMP teams beyond this many threads are refused (the runtime crashes far above the cores).
+constexpr int kMaxThreads = 1024;
+CLI::Validator thread_count() {
+  return CLI::Validator(
+      [](std::string& input) -> std::string {
+        if (std::string why = at_least(0)(input); !why.empty()) return why;
+        if (std::stoll(input) > kMaxThreads)
+          return "must be 0 (all cores) or at most " + std::to_string(kMaxThreads) + ", got " + input;
+        return "";
+      },
+      "THREADS");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,16 +82,17 @@ int main(int argc, char** argv) {
   std::string dtype = "f32";
   int64_t seqlen = 0;
   auto* batch_opt =
-      bench_cmd->add_option("--batch", bench.shape.batch, "Batch size")->default_val(1);
-  bench_cmd->add_option("--heads", bench.shape.heads_q, "Query heads")->default_val(1);
+      bench_cmd->add_option("--batch", bench.shape.batch, "Batch size")->default_val(1)->check(kPositive);
+  bench_cmd->add_option("--heads", bench.shape.heads_q, "Query heads")->default_val(1)->check(kPositive);
   bench_cmd->add_option("--heads-kv", bench.shape.heads_kv, "Key/value heads (0 = heads)")
-      ->default_val(0);
-  auto* seqlen_opt = bench_cmd->add_option("--seqlen", seqlen, "Sets both seqlen-q and seqlen-k");
+      ->default_val(0)->check(at_least(0));
+  auto* seqlen_opt =
+      bench_cmd->add_option("--seqlen", seqlen, "Sets both seqlen-q and seqlen-k")->check(kPositive);
   auto* seqlen_q_opt =
-      bench_cmd->add_option("--seqlen-q", bench.shape.seqlen_q, "Query length")->default_val(1024);
+      bench_cmd->add_option("--seqlen-q", bench.shape.seqlen_q, "Query length")->default_val(1024)->check(kPositive);
   auto* seqlen_k_opt = bench_cmd->add_option("--seqlen-k", bench.shape.seqlen_k, "Key/value length")
-                           ->default_val(1024);
-  bench_cmd->add_option("--head-dim", bench.shape.head_dim, "Head dimension")->default_val(64);
+                           ->default_val(1024)->check(kPositive);
+  bench_cmd->add_option("--head-dim", bench.shape.head_dim, "Head dimension")->default_val(64)->check(kPositive);
   bench_cmd->add_flag("--causal", bench.shape.causal, "Causal mask (bottom-right aligned)");
   bench_cmd->add_option("--dtype", dtype, "f32, f16 or bf16")->default_val("f32");
   VariantFlags bench_variant;
@@ -84,10 +118,11 @@ int main(int argc, char** argv) {
   varlen_opt->excludes(batch_opt)->excludes(seqlen_opt)->excludes(seqlen_q_opt)->excludes(seqlen_k_opt);
   bench_cmd->add_option("--backends", bench.backends, "Comma-separated backends (default: all)")
       ->delimiter(',');
-  bench_cmd->add_option("--warmup", bench.warmup, "Untimed calls first")->default_val(3);
+  bench_cmd->add_option("--warmup", bench.warmup, "Untimed calls first")->default_val(3)->check(at_least(0));
   bench_cmd->add_option("--repeats", bench.repeats, "Timed calls (median reported)")
-      ->default_val(20)->check(CLI::PositiveNumber);
-  bench_cmd->add_option("--threads", bench.threads, "CPU threads (0 = all)")->default_val(0);
+      ->default_val(20)->check(kPositive);
+  bench_cmd->add_option("--threads", bench.threads, "CPU threads (0 = all)")->default_val(0)
+      ->check(thread_count());
   bench_cmd->add_flag("--json", bench.json, "Print a JSON list instead of the table");
   bench_cmd->add_option("--output", bench.output, "Also write the results to FILE (.json or .csv)");
   bench_cmd->add_flag("--no-flush", bench.no_flush, "Do not flush the GPU L2 before timed calls");
@@ -96,24 +131,26 @@ int main(int argc, char** argv) {
                           "Run the field's grid: 16k tokens (batch = 16384/seqlen), hidden 2048 "
                           "(heads = 2048/head_dim), the variant flags applied to every shape");
   varlen_opt->excludes(sweep_opt);
-  bench_cmd->add_option("--sweep-seqlens", bench.sweep_seqlens, "Sweep seqlens")->delimiter(',');
+  bench_cmd->add_option("--sweep-seqlens", bench.sweep_seqlens, "Sweep seqlens")->delimiter(',')
+      ->check(kPositive);
   bench_cmd->add_option("--sweep-head-dims", bench.sweep_head_dims, "Sweep head dims")
-      ->delimiter(',');
+      ->delimiter(',')->check(kPositive);
   bench_cmd->add_option("--sweep-causal", bench.sweep_causal, "Sweep causal values (0,1)")
-      ->delimiter(',');
+      ->delimiter(',')->check(CLI::IsMember({"0", "1"}));
 
   cli::CheckOptions check;
   auto* check_cmd = app.add_subcommand(
       "check", "Check every available backend against the double-precision oracle on random "
                "shapes; exits non-zero on any failure");
   check_cmd->add_option("--shapes", check.shapes, "Random shapes per backend")
-      ->default_val(200)->check(CLI::PositiveNumber);
+      ->default_val(200)->check(kPositive);
   check_cmd->add_option("--seed", check.seed, "Random seed")->default_val(2024);
   check_cmd->add_option("--max-seqlen", check.max_seqlen, "Longest sequence drawn")
-      ->default_val(300)->check(CLI::PositiveNumber);
+      ->default_val(300)->check(kPositive);
   check_cmd->add_option("--backends", check.backends, "Comma-separated backends (default: all)")
       ->delimiter(',');
-  check_cmd->add_option("--threads", check.threads, "CPU threads (0 = all)")->default_val(0);
+  check_cmd->add_option("--threads", check.threads, "CPU threads (0 = all)")->default_val(0)
+      ->check(thread_count());
 
   cli::RunOptions run;
   auto* run_cmd = app.add_subcommand(
@@ -137,7 +174,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--cu-seqlens-k", run.cu_seqlens_k, "Packed varlen batch: int32 (B + 1) key offsets .npy");
   run_cmd->add_option("--seqused-k", run.seqused_k,
                       "Packed varlen batch: int32 (B) keys used per sequence .npy (optional)");
-  auto* scale_opt = run_cmd->add_option("--scale", run.scale, "Softmax scale (default 1/sqrt(D))");
+  std::string run_scale;
+  auto* scale_opt = run_cmd->add_option("--scale", run_scale, "Softmax scale (default 1/sqrt(D))");
   run_cmd->add_option("--backend", run.backend, "Backend name or auto")->default_val("auto");
   run_cmd->add_option("--device", run.device, "auto, cpu or cuda")
       ->default_val("auto")
@@ -166,6 +204,7 @@ int main(int argc, char** argv) {
     }
     if (*check_cmd) return cli::run_check(check);
     run.has_scale = scale_opt->count() > 0;
+    if (run.has_scale) run.scale = cli::parse_finite(run_scale, "--scale");
     run_variant.apply_to(run.window, run.softcap);
     return cli::run_run(run);
   } catch (const Error& e) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "flashtile/flashtile.hpp"
@@ -25,16 +26,26 @@ struct NpyArray {
   std::string describe() const;
 };
 
-// Throws flashtile::Error (invalid_argument) on a missing, truncated or malformed file,
-// Fortran order, or an unsupported dtype.
+// What a .npy header says: the element type, the shape, where the data starts and how
+// many bytes it must have (checked against 64-bit overflow).
+struct NpyHeader {
+  NpyType type = NpyType::f32;
+  std::vector<int64_t> shape;
+  size_t data_offset = 0;
+  uint64_t data_bytes = 0;
+};
+
+// Parses the magic, version and header dict at the start of `bytes` (strictly: exactly the
+// keys descr, fortran_order, shape; integers only). Throws flashtile::Error naming `name`.
+NpyHeader parse_npy_header(std::string_view bytes, const std::string& name);
+
+// Throws flashtile::Error (invalid_argument) on a missing, special, truncated or malformed
+// file, Fortran order, or an unsupported dtype; nothing is allocated before the header and
+// the file's size agree.
 NpyArray read_npy(const std::string& path);
 
-// Output files are written in two steps so that a failure never leaves a partial file:
-// the whole array goes to a temporary file beside `path`, which `commit_npy` renames into
-// place (or `discard_npy` removes) once every output of the command has been written.
-std::string write_npy_temp(const std::string& path, DType dtype, const std::vector<int64_t>& shape,
-                           const void* data);
-void commit_npy(const std::string& temp, const std::string& path);
-void discard_npy(const std::string& temp);
+// The bytes of a .npy file before its data: magic, version 1.0, the header dict padded to
+// 64 bytes. Outputs are written through OutputFiles (output_files.hpp).
+std::string npy_header(DType dtype, const std::vector<int64_t>& shape);
 
 }  // namespace flashtile::cli

@@ -6,6 +6,7 @@
 #include "commands.hpp"
 #include "flashtile/device.hpp"
 #include "npy.hpp"
+#include "output_files.hpp"
 
 namespace flashtile::cli {
 namespace {
@@ -102,6 +103,10 @@ int run_run(const RunOptions& o) {
   if (!o.seqused_k.empty() && o.cu_seqlens_q.empty())
     bad_file("--seqused-k needs --cu-seqlens-q and --cu-seqlens-k");
   const bool packed = !o.cu_seqlens_q.empty();
+  // Outputs are checked before anything is read or run, and written all or nothing.
+  OutputFiles outputs;
+  outputs.reserve("--out", o.out);
+  if (!o.lse.empty()) outputs.reserve("--lse", o.lse);
 
   NpyArray q_file = read_npy(o.q), k_file = read_npy(o.k), v_file = read_npy(o.v);
   const TensorView q = host_view(q_file, "--q " + o.q, packed),
@@ -224,17 +229,10 @@ int run_run(const RunOptions& o) {
   const std::vector<int64_t> lse_shape =
       packed ? std::vector<int64_t>{q.heads(), q.seqlen()}
              : std::vector<int64_t>{q.batch(), q.heads(), q.seqlen()};
-  const std::string out_temp = write_npy_temp(o.out, q.dtype, out_shape, out_bytes.data());
-  std::string lse_temp;
-  try {
-    if (!o.lse.empty()) lse_temp = write_npy_temp(o.lse, DType::f32, lse_shape, lse.data());
-    commit_npy(out_temp, o.out);
-    if (!lse_temp.empty()) commit_npy(lse_temp, o.lse);
-  } catch (...) {
-    discard_npy(out_temp);
-    if (!lse_temp.empty()) discard_npy(lse_temp);
-    throw;
-  }
+  outputs.stage(o.out, npy_header(q.dtype, out_shape), out_bytes.data(), out_bytes.size());
+  if (!o.lse.empty())
+    outputs.stage(o.lse, npy_header(DType::f32, lse_shape), lse.data(), lse.size() * sizeof(float));
+  outputs.commit();
   std::fprintf(stderr, "flashtile run: %s, out %s %s -> %s\n",
                std::string(backend_name(used)).c_str(), shape_text(out_shape).c_str(),
                std::string(dtype_name(q.dtype)).c_str(), o.out.c_str());
