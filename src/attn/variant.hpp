@@ -14,30 +14,53 @@
 
 namespace flashtile::detail {
 
+// The softcap's tanh, to full precision (what the oracle and the fp32 kernels use). A
+// kernel may pass a faster one to apply() when its error stays under its inputs' rounding.
+struct PreciseTanh {
+  FT_HOST_DEVICE float operator()(float x) const {
+#if defined(__CUDA_ARCH__)
+    return tanhf(x);
+#else
+    return std::tanh(x);
+#endif
+  }
+  FT_HOST_DEVICE double operator()(double x) const { return std::tanh(x); }
+};
+
+// |x| as one instruction (an operand modifier on the GPU), not a compare and select.
+FT_HOST_DEVICE float magnitude(float x) {
+#if defined(__CUDA_ARCH__)
+  return fabsf(x);
+#else
+  return std::fabs(x);
+#endif
+}
+FT_HOST_DEVICE double magnitude(double x) { return std::fabs(x); }
+
 template <class T>
 struct LogitsTransform {
   T scale = T(1);
   T softcap = T(0), inv_softcap = T(0);  // 0 = off
   T slope = T(0);                        // ALiBi slope of this head; 0 = off
 
-  FT_HOST_DEVICE T capped(T s) const {
-#if defined(__CUDA_ARCH__)
-    return softcap * tanhf(s * inv_softcap);
-#else
-    return softcap * std::tanh(s * inv_softcap);
-#endif
+  template <class Tanh = PreciseTanh>
+  FT_HOST_DEVICE T capped(T s, Tanh tanh = {}) const {
+    return softcap * tanh(s * inv_softcap);
   }
+  // -slope·|diagonal(i) - j|, the distance taken in T: exact while positions stay below
+  // 2^24 in float (2^53 in double), and a tile kernel converts each key column to T once
+  // for all its rows instead of once per score.
   template <class Int>
   FT_HOST_DEVICE T alibi_bias(const Mask<Int>& mask, Int i, Int j) const {
-    return -slope * T(mask.distance(i, j));
+    return -slope * magnitude(T(mask.diagonal(i)) - T(j));
   }
 
   // The logit of raw dot product qk for query i, key j, with the features fixed at compile
   // time (the kernels' path).
-  template <bool kSoftcap, bool kAlibi, class Int>
-  FT_HOST_DEVICE T apply(T qk, const Mask<Int>& mask, Int i, Int j) const {
+  template <bool kSoftcap, bool kAlibi, class Int, class Tanh = PreciseTanh>
+  FT_HOST_DEVICE T apply(T qk, const Mask<Int>& mask, Int i, Int j, Tanh tanh = {}) const {
     T s = qk * scale;
-    if constexpr (kSoftcap) s = capped(s);
+    if constexpr (kSoftcap) s = capped(s, tanh);
     if constexpr (kAlibi) s += alibi_bias(mask, i, j);
     return s;
   }
