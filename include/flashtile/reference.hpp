@@ -4,6 +4,7 @@
 // and have no sink -> 0 and LSE = -inf; a NaN in anything a row reads -> that row is NaN.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "flashtile/flashtile.hpp"
@@ -30,6 +31,21 @@ ReferenceResult reference_attention_varlen(const TensorView& q, const TensorView
                                            const TensorView& v, const Varlen& varlen,
                                            const Options& options = {},
                                            ReferencePrecision precision = ReferencePrecision::exact);
+
+// A query row in q's own coordinates: q[batch, row, head, :]. For a packed varlen batch,
+// batch is 0 and row is the packed row.
+struct QueryRow {
+  int64_t batch = 0, row = 0, head = 0;
+};
+
+// The oracle on a few query rows only, for problems whose full oracle is too slow: what
+// reference_attention (or reference_attention_varlen, when `varlen` is given) would give
+// for those rows, every variant included. out is rows.size() × head_dim, lse rows.size().
+ReferenceResult reference_attention_rows(const TensorView& q, const TensorView& k,
+                                         const TensorView& v, const std::vector<QueryRow>& rows,
+                                         const Options& options = {},
+                                         const Varlen* varlen = nullptr,
+                                         ReferencePrecision precision = ReferencePrecision::exact);
 
 struct ErrorStats {
   double max_abs = 0;     // max_i |out_i - ref_i|; +inf if any out_i is not finite

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <type_traits>
 
 #include "api/backend.hpp"
 #include "attn/seqlen.hpp"
@@ -89,21 +91,57 @@ int64_t output_rows(const AttentionParams& p) {
   return p.is_varlen() ? p.total_q : p.batch * p.seqlen_q;
 }
 
-ReferenceResult run_reference(const AttentionParams& p, ReferencePrecision precision) {
-  const int64_t out_size = output_rows(p) * p.heads_q * p.head_dim;
-  const int64_t lse_size = output_rows(p) * p.heads_q;
-  ReferenceResult result{std::vector<double>(out_size), std::vector<double>(lse_size)};
+// Runs compute(round, out, lse) in the chosen precision over `rows` output rows of head_dim
+// values (and one LSE each) and returns them as doubles.
+template <class Compute>
+ReferenceResult in_precision(const AttentionParams& p, ReferencePrecision precision, int64_t rows,
+                             Compute compute) {
+  const int64_t out_size = rows * p.head_dim;
+  ReferenceResult result{std::vector<double>(out_size), std::vector<double>(rows)};
   if (precision == ReferencePrecision::exact) {
-    reference_all<double>(p, [](double x) { return x; }, result.out.data(), result.lse.data());
+    compute([](double x) { return x; }, result.out.data(), result.lse.data());
   } else {
-    std::vector<float> out(out_size), lse(lse_size);
+    std::vector<float> out(out_size), lse(rows);
     const DType dtype = p.dtype;
-    reference_all<float>(p, [dtype](float x) { return detail::round_to(dtype, x); }, out.data(),
-                         lse.data());
+    compute([dtype](float x) { return detail::round_to(dtype, x); }, out.data(), lse.data());
     result.out.assign(out.begin(), out.end());
     result.lse.assign(lse.begin(), lse.end());
   }
   return result;
+}
+
+ReferenceResult run_reference(const AttentionParams& p, ReferencePrecision precision) {
+  return in_precision(p, precision, output_rows(p) * p.heads_q,
+                      [&](auto round, auto* out, auto* lse) { reference_all(p, round, out, lse); });
+}
+
+// The sequence and in-sequence position of query row `r` (checked against q's shape).
+struct LocatedRow {
+  int64_t b;
+  Seqlen seq;
+  int64_t i;
+};
+LocatedRow locate_row(const AttentionParams& p, const QueryRow& r, size_t n) {
+  auto check = [&](const char* field, int64_t value, int64_t end) {
+    if (value < 0 || value >= end)
+      throw Error(ErrorKind::invalid_argument,
+                  "reference_attention_rows: rows[" + std::to_string(n) + "]." + field +
+                      " must lie in [0, " + std::to_string(end) + "), got " + std::to_string(value));
+  };
+  check("head", r.head, p.heads_q);
+  if (!p.is_varlen()) {
+    check("batch", r.batch, p.batch);
+    check("row", r.row, p.seqlen_q);
+    return {r.batch, Seqlen(p, r.batch), r.row};
+  }
+  check("batch", r.batch, 1);  // packed: q is (1, total_q, heads, head_dim)
+  check("row", r.row, p.total_q);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Seqlen seq(p, b);
+    if (r.row >= seq.q_start && r.row < seq.q_start + seq.seqlen_q) return {b, seq, r.row - seq.q_start};
+  }
+  // cu_seqlens_q runs from 0 to total_q (the validator checked it), so every row is found.
+  throw Error(ErrorKind::runtime, "reference_attention_rows: packed row not in any sequence");
 }
 
 void run_reference_backend(const AttentionParams& p) {
@@ -153,6 +191,25 @@ ReferenceResult reference_attention_varlen(const TensorView& q, const TensorView
   return run_reference(
       detail::validate({q, k, v, nullptr, &varlen, options, "reference_attention_varlen"}),
       precision);
+}
+
+ReferenceResult reference_attention_rows(const TensorView& q, const TensorView& k,
+                                         const TensorView& v, const std::vector<QueryRow>& rows,
+                                         const Options& options, const Varlen* varlen,
+                                         ReferencePrecision precision) {
+  require_cpu(q, k, v);
+  const AttentionParams p =
+      detail::validate({q, k, v, nullptr, varlen, options, "reference_attention_rows"});
+  std::vector<LocatedRow> located;
+  for (size_t n = 0; n < rows.size(); ++n) located.push_back(locate_row(p, rows[n], n));
+  return in_precision(p, precision, int64_t(rows.size()), [&](auto round, auto* out, auto* lse) {
+    using Acc = std::remove_pointer_t<decltype(out)>;
+    std::vector<Acc> scores(p.seqlen_k);
+    for (size_t n = 0; n < rows.size(); ++n) {
+      const LocatedRow& r = located[n];
+      reference_row(p, r.b, rows[n].head, r.seq, r.i, round, scores, out + n * p.head_dim, lse + n);
+    }
+  });
 }
 
 ErrorStats compare_to_reference(const TensorView& out, const std::vector<double>& ref) {

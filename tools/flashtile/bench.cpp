@@ -16,8 +16,10 @@ namespace flashtile::cli {
 namespace {
 
 struct Row {
-  Backend backend;
+  Backend backend = Backend::automatic;
   Shape shape;
+  VariantValues values;
+  double flops = 0;  // attention_flops: what tflops divides
   double ms = 0;
   double tflops = 0;
   std::optional<double> speedup;  // over cpu_standard in the same run
@@ -57,6 +59,26 @@ std::string json_number(double x) {
   return s.str();
 }
 
+// An integer-valued double (FLOPs) in full.
+std::string json_count(double x) {
+  std::ostringstream s;
+  s.precision(17);
+  s << x;
+  return s.str();
+}
+
+std::string json_list(const std::vector<int64_t>& values) {
+  std::string text = "[";
+  for (size_t i = 0; i < values.size(); ++i) text += (i ? ", " : "") + std::to_string(values[i]);
+  return text + "]";
+}
+
+// The variant columns, null / empty when a feature is off.
+std::string sinks_text(const Row& r) {
+  if (!r.shape.sinks) return "";
+  return r.values.sink_logit ? json_number(*r.values.sink_logit) : "random";
+}
+
 std::string to_json(const std::vector<Row>& rows) {
   std::ostringstream j;
   j << "[\n";
@@ -72,8 +94,20 @@ std::string to_json(const std::vector<Row>& rows) {
       << ", \"speedup\": " << (r.speedup ? json_number(*r.speedup) : "null")
       << ", \"max_abs_err\": " << json_number(r.max_abs_err)
       << ", \"error_sampled\": " << (r.error_sampled ? "true" : "false")
-      << ", \"workspace_bytes\": " << r.workspace_bytes << "}" << (i + 1 < rows.size() ? "," : "")
-      << "\n";
+      << ", \"workspace_bytes\": " << r.workspace_bytes << ", \"flops\": " << json_count(r.flops)
+      << ", \"window\": "
+      << (s.window.bounded() ? json_list({s.window.left, s.window.right}) : "null")
+      << ", \"softcap\": " << (s.softcap != 0.0f ? json_number(s.softcap) : "null")
+      << ", \"alibi\": " << (s.alibi ? "true" : "false") << ", \"sinks\": "
+      << (!s.sinks ? "null" : r.values.sink_logit ? sinks_text(r) : "\"random\"")
+      << ", \"varlen\": ";
+    if (s.is_varlen())
+      j << "{\"sequences\": " << s.sequences() << ", \"total_q\": " << s.total_q()
+        << ", \"total_k\": " << s.total_k() << ", \"lengths_q\": " << json_list(s.varlen_q)
+        << ", \"lengths_k\": " << json_list(s.varlen_k) << "}";
+    else
+      j << "null";
+    j << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
   }
   j << "]\n";
   return j.str();
@@ -82,7 +116,8 @@ std::string to_json(const std::vector<Row>& rows) {
 std::string to_csv(const std::vector<Row>& rows) {
   std::ostringstream c;
   c << "backend,dtype,batch,heads,heads_kv,seqlen_q,seqlen_k,head_dim,causal,ms,tflops,speedup,"
-       "max_abs_err,error_sampled,workspace_bytes\n";
+       "max_abs_err,error_sampled,workspace_bytes,flops,window_left,window_right,softcap,alibi,"
+       "sinks,varlen_sequences,varlen_total_q,varlen_total_k\n";
   for (const Row& r : rows) {
     const Shape& s = r.shape;
     c << backend_name(r.backend) << ',' << dtype_name(s.dtype) << ',' << s.batch << ','
@@ -90,7 +125,14 @@ std::string to_csv(const std::vector<Row>& rows) {
       << s.head_dim << ',' << (s.causal ? 1 : 0) << ',' << json_number(r.ms) << ','
       << json_number(r.tflops) << ',' << (r.speedup ? json_number(*r.speedup) : "") << ','
       << json_number(r.max_abs_err) << ',' << (r.error_sampled ? 1 : 0) << ','
-      << r.workspace_bytes << "\n";
+      << r.workspace_bytes << ',' << json_count(r.flops) << ',';
+    if (s.window.bounded()) c << s.window.left << ',' << s.window.right;
+    else c << ',';
+    c << ',' << (s.softcap != 0.0f ? json_number(s.softcap) : "") << ',' << (s.alibi ? 1 : 0)
+      << ',' << sinks_text(r) << ',';
+    if (s.is_varlen()) c << s.sequences() << ',' << s.total_q() << ',' << s.total_k();
+    else c << ",,";
+    c << "\n";
   }
   return c.str();
 }
@@ -113,19 +155,16 @@ void print_table(const std::vector<Row>& rows, const std::vector<std::string>& s
   for (const std::string& line : skipped) std::printf("%s\n", line.c_str());
   bool any_sampled = false;
   for (const Row& r : rows) any_sampled |= r.error_sampled;
-  if (any_sampled) std::printf("* error measured on 12 sampled query rows (full oracle too slow)\n");
+  if (any_sampled)
+    std::printf("* error measured on %d sampled query rows (full oracle too slow)\n", kSampledRows);
 }
 
 // The backend `auto` picks for this workload: on the GPU when one is present, else the CPU.
 std::string auto_choice(Workload& work) {
-  for (bool gpu : {true, false}) {
-    if (gpu && cuda_device_count() == 0) continue;
-    const TensorView q = gpu ? work.on_device().q.view : work.host.q.view;
-    const TensorView k = gpu ? work.on_device().k.view : work.host.k.view;
-    const TensorView v = gpu ? work.on_device().v.view : work.host.v.view;
-    const TensorView out = gpu ? work.on_device().out.view : work.host.out.view;
+  for (DeviceType device : {DeviceType::cuda, DeviceType::cpu}) {
+    if (device == DeviceType::cuda && cuda_device_count() == 0) continue;
     try {
-      return std::string(backend_name(plan(q, k, v, out, Options{}).backend));
+      return std::string(backend_name(plan_auto(work, device).backend));
     } catch (const Error&) {
     }
   }
@@ -171,7 +210,8 @@ int run_bench(const BenchOptions& o) {
   const size_t total = shapes.size() * backends.size();
   size_t step = 0;
   for (const Shape& shape : shapes) {
-    Workload work(shape);
+    Workload work(shape, 1234, o.values);
+    const double flops = attention_flops(work);
     std::optional<double> baseline_ms;
     const size_t first_row = rows.size();
     for (Backend backend : backends) {
@@ -186,14 +226,18 @@ int run_bench(const BenchOptions& o) {
                           "): " + e.what());
         continue;
       }
-      Row row{backend, shape};
+      Row row;
+      row.backend = backend;
+      row.shape = work.host.shape;  // varlen: batch = sequences, the longest lengths
+      row.values = o.values;
+      row.flops = flops;
       row.workspace_bytes = plan.workspace_bytes;
       run_once(work, backend);  // checked before it is timed
       const ErrorReport error = measure_error(work);
       row.max_abs_err = error.max_abs_err;
       row.error_sampled = error.sampled;
       row.ms = median_ms(work, backend, timing);
-      row.tflops = attention_flops(shape) / (row.ms * 1e-3) / 1e12;
+      row.tflops = flops / (row.ms * 1e-3) / 1e12;
       if (backend == Backend::cpu_standard) baseline_ms = row.ms;
       rows.push_back(row);
     }
@@ -204,6 +248,7 @@ int run_bench(const BenchOptions& o) {
 
   if (o.json) {
     std::fputs(to_json(rows).c_str(), stdout);
+    for (const std::string& line : skipped) std::fprintf(stderr, "%s\n", line.c_str());
   } else {
     print_table(rows, skipped);
     for (const std::string& line : auto_choices) std::printf("%s\n", line.c_str());

@@ -1,6 +1,8 @@
 // `flashtile check`: every available backend against the double-precision oracle on
 // random shapes (odd lengths, seqlen_q != seqlen_k, causal, GQA/MQA, strided views, every
-// dtype the backend takes). Exits 1 on any failure.
+// dtype the backend takes) and random variants (windows, softcap, ALiBi, sinks, varlen
+// batches with empty and length-1 sequences and seqused_k) for the backends that take them.
+// Exits 1 on any failure.
 #include <omp.h>
 
 #include <algorithm>
@@ -16,21 +18,22 @@
 namespace flashtile::cli {
 namespace {
 
-Shape random_shape(std::mt19937& rng, int64_t max_seqlen) {
+int64_t pick_length(std::mt19937& rng, int64_t max_seqlen) {
   static const int64_t kLengths[] = {1, 2, 17, 31, 63, 64, 65, 113, 127, 128, 129, 200, 255, 257,
                                      1023, 1025};
+  std::vector<int64_t> allowed;
+  for (int64_t l : kLengths)
+    if (l <= max_seqlen) allowed.push_back(l);
+  std::uniform_int_distribution<size_t> any(0, allowed.size() - 1);
+  std::uniform_int_distribution<int64_t> uniform(1, max_seqlen);
+  return rng() % 3 == 0 ? uniform(rng) : allowed[any(rng)];
+}
+
+Shape random_dense_shape(std::mt19937& rng, int64_t max_seqlen) {
   static const int64_t kHeadDims[] = {32, 64, 128, 64, 128, 8, 16, 40, 72, 96, 256};
-  auto pick_length = [&] {
-    std::vector<int64_t> allowed;
-    for (int64_t l : kLengths)
-      if (l <= max_seqlen) allowed.push_back(l);
-    std::uniform_int_distribution<size_t> any(0, allowed.size() - 1);
-    std::uniform_int_distribution<int64_t> uniform(1, max_seqlen);
-    return rng() % 3 == 0 ? uniform(rng) : allowed[any(rng)];
-  };
   Shape s;
-  s.seqlen_q = pick_length();
-  s.seqlen_k = pick_length();
+  s.seqlen_q = pick_length(rng, max_seqlen);
+  s.seqlen_k = pick_length(rng, max_seqlen);
   s.head_dim = kHeadDims[rng() % std::size(kHeadDims)];
   s.batch = 1 + rng() % 2;
   s.heads_kv = 1 + rng() % 3;
@@ -40,8 +43,68 @@ Shape random_shape(std::mt19937& rng, int64_t max_seqlen) {
   return s;
 }
 
+// A packed batch of 1-5 sequences, empty and length-1 sequences included (but at least one
+// query and one key overall: tensors cannot be empty), optionally with seqused_k.
+void make_varlen(Shape& s, std::mt19937& rng, int64_t max_seqlen) {
+  auto length = [&] {
+    switch (rng() % 6) {
+      case 0: return int64_t(0);
+      case 1: return int64_t(1);
+      default: return pick_length(rng, max_seqlen);
+    }
+  };
+  const int sequences = 1 + rng() % 5;
+  do {
+    s.varlen_q.clear();
+    s.varlen_k.clear();
+    for (int b = 0; b < sequences; ++b) {
+      s.varlen_q.push_back(length());
+      s.varlen_k.push_back(rng() % 3 == 0 ? s.varlen_q.back() : length());
+    }
+  } while (s.total_q() == 0 || s.total_k() == 0);
+  s.seqused_k.clear();
+  if (rng() % 2)
+    for (int64_t keys : s.varlen_k)
+      s.seqused_k.push_back(rng() % 3 == 0 ? keys : int64_t(rng() % (keys + 1)));
+}
+
+// One side of a window: 0 (only the diagonal), small, or past every key (normalised away).
+int64_t window_side(std::mt19937& rng, int64_t max_seqlen) {
+  switch (rng() % 4) {
+    case 0: return 0;
+    case 1: return max_seqlen + int64_t(rng() % 8);
+    default: return int64_t(rng() % (max_seqlen / 2 + 1));
+  }
+}
+
+// A dense shape with at least one feature beyond full/causal attention: a window (left,
+// right or both, with or without causal), softcap, ALiBi ((heads) or (batch, heads)),
+// sinks, or a varlen batch.
+Shape random_variant_shape(std::mt19937& rng, int64_t max_seqlen) {
+  static const float kSoftcaps[] = {0.5f, 1.0f, 2.0f, 30.0f};
+  Shape s = random_dense_shape(rng, max_seqlen);
+  do {
+    if (rng() % 2) {
+      switch (rng() % 3) {
+        case 0: s.window = {window_side(rng, max_seqlen), -1}; break;
+        case 1: s.window = {-1, window_side(rng, max_seqlen)}; break;
+        default: s.window = {window_side(rng, max_seqlen), window_side(rng, max_seqlen)};
+      }
+    }
+    if (rng() % 3 == 0) s.softcap = kSoftcaps[rng() % std::size(kSoftcaps)];
+    if (rng() % 3 == 0) {
+      s.alibi = true;
+      s.alibi_per_batch = rng() % 2;
+    }
+    if (rng() % 3 == 0) s.sinks = true;
+    if (rng() % 3 == 0) make_varlen(s, rng, max_seqlen);
+  } while (!s.has_variant());
+  return s;
+}
+
 struct Tally {
   int run = 0, passed = 0, failed = 0, unsupported = 0;
+  int variants = 0;  // runs whose shape had a variant
   double worst_ratio = 0;  // max error / bound over the shapes run
 };
 
@@ -68,23 +131,36 @@ int run_check(const CheckOptions& o) {
   std::mt19937 rng(o.seed);
   std::map<std::pair<Backend, DType>, Tally> tallies;
   std::map<Backend, int> runs;  // shapes run per backend (in any of its dtypes)
+  // Variant draws a backend ran (in some dtype) or refused (in every dtype).
+  std::map<Backend, int> variant_runs, variant_refusals;
   int failures_shown = 0;
   // Draw until every backend has run `shapes` shapes it supports (a backend that takes few
   // head dims needs more draws), with a cap so an unsupported backend cannot spin forever.
   auto needs_more = [&](Backend b) { return runs[b] < o.shapes; };
+  // Half the draws carry a variant while some backend still counting may take one; the
+  // journey steps refuse them all, so once the others are done the draws are dense.
+  constexpr int kVariantProbes = 20;
+  auto may_take_variants = [&](Backend b) {
+    return variant_runs[b] > 0 || variant_refusals[b] < kVariantProbes;
+  };
   const int max_draws = 20 * o.shapes;
   int draws = 0;
   while (draws < max_draws && std::any_of(backends.begin(), backends.end(), needs_more)) {
     const int n = draws++;
-    Shape base = random_shape(rng, o.max_seqlen);
     std::vector<Backend> wanted;
     for (Backend b : backends)
       if (needs_more(b)) wanted.push_back(b);
+    const bool variant_wanted = std::any_of(wanted.begin(), wanted.end(), may_take_variants);
+    const Shape base = variant_wanted && rng() % 2 == 0 ? random_variant_shape(rng, o.max_seqlen)
+                                                        : random_dense_shape(rng, o.max_seqlen);
+    // What the validator leaves of it: a window past every key is no window.
+    bool variant = false;
     std::set<Backend> ran_this_draw;
     for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
       Shape shape = base;
       shape.dtype = dtype;
       Workload work(shape, o.seed + n);
+      variant = host_params(work).has_variant();
       std::optional<ReferenceResult> exact, lowprec;
       for (Backend backend : wanted) {
         Tally& tally = tallies[{backend, dtype}];
@@ -95,15 +171,11 @@ int run_check(const CheckOptions& o) {
           continue;
         }
         if (!exact) {
-          Options ref;
-          ref.causal = shape.causal;
-          const AttentionCase& h = work.host;
-          exact = reference_attention(h.q.view, h.k.view, h.v.view, ref);
-          if (dtype != DType::f32)
-            lowprec = reference_attention(h.q.view, h.k.view, h.v.view, ref,
-                                          ReferencePrecision::lowprec);
+          exact = work.host.reference();
+          if (dtype != DType::f32) lowprec = work.host.reference(ReferencePrecision::lowprec);
         }
         ++tally.run;
+        tally.variants += variant;
         ran_this_draw.insert(backend);
         run_once(work, backend);
         const Verification v = verify_against(*exact, lowprec ? &*lowprec : nullptr,
@@ -117,17 +189,19 @@ int run_check(const CheckOptions& o) {
           ++tally.failed;
           if (failures_shown++ < 20)
             std::printf("FAIL %s %s: out err %.3g (bound %.3g), lse err %.3g (bound %.3g)\n",
-                        std::string(backend_name(backend)).c_str(), shape.describe().c_str(),
+                        std::string(backend_name(backend)).c_str(), work.host.shape.describe().c_str(),
                         v.out_error, v.out_bound, v.lse_error, v.lse_bound);
         }
       }
     }
     for (Backend b : ran_this_draw) ++runs[b];
+    if (variant)
+      for (Backend b : wanted) ++(ran_this_draw.count(b) ? variant_runs[b] : variant_refusals[b]);
     if ((n + 1) % 20 == 0) std::fprintf(stderr, "drew %d shapes\n", n + 1);
   }
 
-  std::printf("\n%-14s %-9s %6s %6s %6s %12s %16s  %s\n", "backend", "dtype", "run", "pass",
-              "fail", "unsupported", "worst err/bound", "result");
+  std::printf("\n%-14s %-9s %6s %9s %6s %6s %12s %16s  %s\n", "backend", "dtype", "run",
+              "variants", "pass", "fail", "unsupported", "worst err/bound", "result");
   bool any_failed = false;
   for (Backend backend : backends) {
     const int backend_runs = runs[backend];
@@ -135,9 +209,9 @@ int run_check(const CheckOptions& o) {
       const Tally& t = tallies[{backend, dtype}];
       if (t.run == 0) continue;
       any_failed |= t.failed > 0;
-      std::printf("%-14s %-9s %6d %6d %6d %12d %16.3f  %s\n",
+      std::printf("%-14s %-9s %6d %9d %6d %6d %12d %16.3f  %s\n",
                   std::string(backend_name(backend)).c_str(),
-                  std::string(dtype_name(dtype)).c_str(), t.run, t.passed, t.failed,
+                  std::string(dtype_name(dtype)).c_str(), t.run, t.variants, t.passed, t.failed,
                   t.unsupported, t.worst_ratio, t.failed ? "FAIL" : "pass");
     }
     if (backend_runs < o.shapes) {

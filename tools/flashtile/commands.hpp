@@ -5,12 +5,13 @@
 #include <string>
 #include <vector>
 
-#include "testing/attention_case.hpp"
+#include "workload.hpp"
 
 namespace flashtile::cli {
 
 struct BenchOptions {
-  testing::Shape shape;             // the single case (default: the write-up's)
+  testing::Shape shape;  // the single case (default: the write-up's), variant included
+  VariantValues values;  // standard ALiBi slopes, a fixed sink logit
   std::vector<std::string> backends;  // empty: every available backend but the oracle
   int warmup = 3;
   int repeats = 20;
@@ -38,6 +39,11 @@ int run_check(const CheckOptions& options);
 struct RunOptions {
   std::string q, k, v, out, lse;
   bool causal = false;
+  Window window;
+  float softcap = 0.0f;
+  std::string alibi, sinks;  // .npy files, float32 (heads) or (batch, heads) / (heads)
+  // A packed varlen batch: int32 .npy files; q, k, v are then (total_tokens, heads, head_dim).
+  std::string cu_seqlens_q, cu_seqlens_k, seqused_k;
   double scale = 0;  // 0: default 1/sqrt(head_dim)
   bool has_scale = false;
   std::string backend = "auto";

@@ -23,7 +23,26 @@ std::string descr_of(DType dtype) {
   return "";
 }
 
+size_t element_size(NpyType type) {
+  return type == NpyType::f16 || type == NpyType::bf16 ? 2 : 4;
+}
+
 }  // namespace
+
+DType NpyArray::dtype() const {
+  switch (type) {
+    case NpyType::f16: return DType::f16;
+    case NpyType::bf16: return DType::bf16;
+    default: return DType::f32;
+  }
+}
+
+std::string NpyArray::describe() const {
+  std::string text = is_float() ? std::string(dtype_name(dtype())) : "int32";
+  text += " (";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + (shape.size() == 1 ? ",)" : ")");
+}
 
 NpyArray read_npy(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -60,15 +79,18 @@ NpyArray read_npy(const std::string& path) {
 
   NpyArray array;
   if (descr == "<f4") {
-    array.dtype = DType::f32;
+    array.type = NpyType::f32;
   } else if (descr == "<f2") {
-    array.dtype = DType::f16;
+    array.type = NpyType::f16;
   } else if (descr == "<V2" || descr == "|V2") {
-    array.dtype = DType::bf16;  // ml_dtypes.bfloat16
+    array.type = NpyType::bf16;  // ml_dtypes.bfloat16
+  } else if (descr == "<i4") {
+    array.type = NpyType::i32;
   } else {
     bad(path, "dtype '" + descr +
-                  "' is not supported (expected float32 '<f4', float16 '<f2' or "
-                  "ml_dtypes.bfloat16 '<V2')");
+                  "' is not supported (expected float32 '<f4', float16 '<f2', "
+                  "ml_dtypes.bfloat16 '<V2' or int32 '<i4')" +
+                  (descr == "<i8" ? "; save int64 offsets with .astype(np.int32)" : ""));
   }
   std::stringstream dims(m[1].str());
   std::string item;
@@ -84,7 +106,7 @@ NpyArray read_npy(const std::string& path) {
       bad(path, "malformed shape entry '" + item + "'");
     }
   }
-  const size_t bytes = static_cast<size_t>(elements) * dtype_size(array.dtype);
+  const size_t bytes = static_cast<size_t>(elements) * element_size(array.type);
   array.data.resize(bytes);
   if (!in.read(reinterpret_cast<char*>(array.data.data()), static_cast<std::streamsize>(bytes)))
     bad(path, "truncated data: expected " + std::to_string(bytes) + " bytes for the shape");

@@ -1,6 +1,6 @@
-// Minimal NumPy .npy reader/writer for the `run` command: C-order float32, float16 and
-// bfloat16 (ml_dtypes.bfloat16 saves as descr '<V2'). Every malformed input is reported
-// with the file name and what was wrong.
+// Minimal NumPy .npy reader/writer for the `run` command: C-order float32, float16,
+// bfloat16 (ml_dtypes.bfloat16 saves as descr '<V2') and int32 (cu_seqlens), any rank.
+// Every malformed input is reported with the file name and what was wrong.
 #pragma once
 
 #include <cstdint>
@@ -11,10 +11,18 @@
 
 namespace flashtile::cli {
 
+enum class NpyType { f32, f16, bf16, i32 };
+
 struct NpyArray {
-  DType dtype = DType::f32;
+  NpyType type = NpyType::f32;
   std::vector<int64_t> shape;
   std::vector<unsigned char> data;  // C order
+
+  bool is_float() const { return type != NpyType::i32; }
+  // The flashtile dtype of a float array (f32 for int32 arrays: check is_float first).
+  DType dtype() const;
+  // "float32 (2, 3)", for error messages.
+  std::string describe() const;
 };
 
 // Throws flashtile::Error (invalid_argument) on a missing, truncated or malformed file,

@@ -5,14 +5,23 @@
 #include <cstdio>
 #include <vector>
 
+#include "attn/seqlen.hpp"
+#include "flags.hpp"
 #include "flashtile/device.hpp"
 #include "flashtile/reference.hpp"
 
 namespace flashtile::cli {
 
-double attention_flops(const Shape& s) {
-  const double flops = 4.0 * s.batch * s.heads_q * double(s.seqlen_q) * s.seqlen_k * s.head_dim;
-  return s.causal ? flops / 2 : flops;
+Workload::Workload(const Shape& shape, uint32_t seed, const VariantValues& values)
+    : host(shape, seed) {
+  // Replaced before the GPU mirror is made, so both sides see the same values.
+  if (values.standard_alibi && !host.alibi_slopes.empty()) {
+    const std::vector<float> slopes = standard_alibi_slopes(host.shape.heads_q);
+    for (size_t n = 0; n < host.alibi_slopes.size(); ++n)
+      host.alibi_slopes[n] = slopes[n % slopes.size()];  // every batch row alike
+  }
+  if (values.sink_logit)
+    std::fill(host.sinks.begin(), host.sinks.end(), *values.sink_logit);
 }
 
 DeviceCase& Workload::on_device() {
@@ -22,49 +31,85 @@ DeviceCase& Workload::on_device() {
 
 namespace {
 
-bool on_gpu(Backend backend) { return backend_device(backend) == DeviceType::cuda; }
+bool on_gpu(DeviceType device) { return device == DeviceType::cuda; }
 
-// The call `forward` gets for this workload and backend.
+// The call `forward` (or `forward_varlen`) gets for this workload on `device`.
 struct Call {
   TensorView q, k, v, out;
   Options options;
+  std::optional<Varlen> varlen;
 };
 
-Call make_call(Workload& work, Backend backend) {
-  if (on_gpu(backend)) {
+Call make_call(Workload& work, Backend backend, DeviceType device) {
+  if (on_gpu(device)) {
+    if (cuda_device_count() == 0) throw Error(ErrorKind::unsupported, cuda_unavailable_reason());
     DeviceCase& d = work.on_device();
-    return {d.q.view, d.k.view, d.v.view, d.out.view, d.options(work.host, backend)};
+    return {d.q.view, d.k.view, d.v.view, d.out.view, d.options(work.host, backend),
+            d.varlen(work.host)};
   }
   AttentionCase& h = work.host;
-  return {h.q.view, h.k.view, h.v.view, h.out.view, h.options(backend)};
+  return {h.q.view, h.k.view, h.v.view, h.out.view, h.options(backend), h.varlen()};
 }
+
+Call make_call(Workload& work, Backend backend) {
+  return make_call(work, backend, backend_device(backend));
+}
+
+void run_call(const Call& c) { testing::run_forward(c.q, c.k, c.v, c.out, c.options, c.varlen); }
 
 }  // namespace
 
+detail::AttentionParams host_params(const Workload& work) {
+  const AttentionCase& h = work.host;
+  const Options options = h.reference_options();
+  const std::optional<Varlen> varlen = h.varlen();
+  return detail::validate({h.q.view, h.k.view, h.v.view, &h.out.view, varlen ? &*varlen : nullptr,
+                           options, "flashtile"});
+}
+
+double attention_flops(const Workload& work) {
+  const detail::AttentionParams p = host_params(work);
+  const double per_pair = 4.0 * double(p.heads_q) * double(p.head_dim);
+  const bool window = p.has_mask() && !p.is_causal();
+  if (!p.is_varlen() && !window) {
+    const double full = per_pair * double(p.batch) * double(p.seqlen_q) * double(p.seqlen_k);
+    return p.is_causal() ? full / 2 : full;
+  }
+  double pairs = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const detail::SeqlenInfo<int64_t> seq(p, b);
+    const detail::Mask<int64_t> mask = seq.mask(p);
+    for (int64_t i = 0; i < seq.seqlen_q; ++i) pairs += double(mask.visible_keys(i));
+  }
+  return per_pair * pairs;
+}
+
 Plan plan_for(Workload& work, Backend backend) {
-  if (on_gpu(backend) && cuda_device_count() == 0)
-    throw Error(ErrorKind::unsupported, cuda_unavailable_reason());
   const Call c = make_call(work, backend);
-  return plan(c.q, c.k, c.v, c.out, c.options);
+  return testing::plan_call(c.q, c.k, c.v, c.out, c.options, c.varlen);
+}
+
+Plan plan_auto(Workload& work, DeviceType device) {
+  const Call c = make_call(work, Backend::automatic, device);
+  return testing::plan_call(c.q, c.k, c.v, c.out, c.options, c.varlen);
 }
 
 void run_once(Workload& work, Backend backend) {
-  if (on_gpu(backend)) {
+  if (on_gpu(backend_device(backend))) {
     DeviceCase& d = work.on_device();
     d.poison();
     d.run(work.host, backend);
   } else {
     work.host.poison();
-    const Call c = make_call(work, backend);
-    forward(c.q, c.k, c.v, c.out, c.options);
+    run_call(make_call(work, backend));
   }
 }
 
 double median_ms(Workload& work, Backend backend, const TimingSettings& settings) {
   const Call c = make_call(work, backend);
-  auto call = [&] { forward(c.q, c.k, c.v, c.out, c.options); };
+  auto call = [&] { run_call(c); };
   using Clock = std::chrono::steady_clock;
-  if (on_gpu(backend)) {
+  if (on_gpu(backend_device(backend))) {
     const int device = c.q.device.index;
     // An idle GPU sits at low clocks; keep it busy for a while before the timed calls so
     // that every backend is measured at the clocks it would see under load.
@@ -93,47 +138,35 @@ double median_ms(Workload& work, Backend backend, const TimingSettings& settings
   return detail::median(times);
 }
 
-ErrorReport measure_error(const Workload& work, int64_t full_oracle_limit_flops) {
+ErrorReport measure_error(const Workload& work, double full_oracle_limit_flops) {
   const AttentionCase& h = work.host;
-  const Shape& s = h.shape;
-  Options options;
-  options.causal = s.causal;
   ErrorReport report;
-  if (attention_flops(s) <= double(full_oracle_limit_flops)) {
-    const ReferenceResult ref = reference_attention(h.q.view, h.k.view, h.v.view, options);
-    report.max_abs_err = compare_to_reference(h.out.view, ref.out).max_abs;
+  if (attention_flops(work) <= full_oracle_limit_flops) {
+    report.max_abs_err = compare_to_reference(h.out.view, h.reference().out).max_abs;
     return report;
   }
-  // Sampled rows: row i of (b, head) is standard attention of that one query over the keys
-  // it may see, so a 1-row query view against a key prefix reproduces it exactly (with
-  // bottom-right causal, a 1-row query sees the whole prefix it is given).
+  // Rows spread evenly over q (over the packed rows of a varlen batch), each through the
+  // oracle on that row alone; a row that sees nothing must be exactly 0 there too.
   report.sampled = true;
-  constexpr int kSamples = 12;
-  for (int n = 0; n < kSamples; ++n) {
-    const int64_t b = n % s.batch, head = (n * 7) % s.heads_q;
-    const int64_t i = (s.seqlen_q - 1) * n / (kSamples - 1);
-    const int64_t keys =
-        s.causal ? std::min<int64_t>(s.seqlen_k, i + s.seqlen_k - s.seqlen_q + 1) : s.seqlen_k;
-    auto row_view = [&](const TensorView& t, int64_t row, int64_t hd, int64_t rows) {
-      TensorView v = t;
-      v.data = static_cast<unsigned char*>(t.data) +
-               (b * t.strides[0] + row * t.strides[1] + hd * t.strides[2]) * dtype_size(t.dtype);
-      v.shape = {1, rows, 1, t.shape[3]};
-      return v;
-    };
-    const int64_t kv_head = head / (s.heads_q / s.heads_kv);
-    const TensorView out_row = row_view(h.out.view, i, head, 1);
-    if (keys <= 0) {  // fully masked row: the output must be exactly 0
-      const std::vector<double> zeros(s.head_dim, 0.0);
-      report.max_abs_err = std::max(report.max_abs_err, compare_to_reference(out_row, zeros).max_abs);
-      continue;
-    }
-    Options row_options;
-    row_options.causal = false;
-    const ReferenceResult ref =
-        reference_attention(row_view(h.q.view, i, head, 1), row_view(h.k.view, 0, kv_head, keys),
-                            row_view(h.v.view, 0, kv_head, keys), row_options);
-    report.max_abs_err = std::max(report.max_abs_err, compare_to_reference(out_row, ref.out).max_abs);
+  const TensorView& q = h.q.view;
+  std::vector<QueryRow> rows;
+  for (int n = 0; n < kSampledRows; ++n)
+    rows.push_back({n % q.batch(), (q.seqlen() - 1) * n / (kSampledRows - 1),
+                    (n * 7) % q.heads()});
+  const std::optional<Varlen> varlen = h.varlen();
+  const ReferenceResult ref = reference_attention_rows(h.q.view, h.k.view, h.v.view, rows,
+                                                       h.reference_options(),
+                                                       varlen ? &*varlen : nullptr);
+  const int64_t d = q.head_dim();
+  for (size_t n = 0; n < rows.size(); ++n) {
+    TensorView out_row = h.out.view;  // the 1-row view out[batch, row, head, :]
+    out_row.data = static_cast<unsigned char*>(out_row.data) +
+                   (rows[n].batch * out_row.strides[0] + rows[n].row * out_row.strides[1] +
+                    rows[n].head * out_row.strides[2]) * int64_t(dtype_size(out_row.dtype));
+    out_row.shape = {1, 1, 1, d};
+    const std::vector<double> expected(ref.out.begin() + n * d, ref.out.begin() + (n + 1) * d);
+    report.max_abs_err =
+        std::max(report.max_abs_err, compare_to_reference(out_row, expected).max_abs);
   }
   return report;
 }
