@@ -41,11 +41,19 @@ template <class T>
 struct LogitsTransform {
   T scale = T(1);
   T softcap = T(0), inv_softcap = T(0);  // 0 = off
+  T capped_scale = T(0);                 // scale / softcap: S/c = qk·capped_scale, one multiply
   T slope = T(0);                        // ALiBi slope of this head; 0 = off
 
   template <class Tanh = PreciseTanh>
   FT_HOST_DEVICE T capped(T s, Tanh tanh = {}) const {
     return softcap * tanh(s * inv_softcap);
+  }
+
+  // scale·qk, capped when kSoftcap: c·tanh(scale·qk / c).
+  template <bool kSoftcap, class Tanh = PreciseTanh>
+  FT_HOST_DEVICE T scaled(T qk, Tanh tanh = {}) const {
+    if constexpr (kSoftcap) return softcap * tanh(qk * capped_scale);
+    return qk * scale;
   }
   // -slope·|diagonal(i) - j|, the distance taken in T: exact while positions stay below
   // 2^24 in float (2^53 in double), and a tile kernel converts each key column to T once
@@ -59,16 +67,14 @@ struct LogitsTransform {
   // time (the kernels' path).
   template <bool kSoftcap, bool kAlibi, class Int, class Tanh = PreciseTanh>
   FT_HOST_DEVICE T apply(T qk, const Mask<Int>& mask, Int i, Int j, Tanh tanh = {}) const {
-    T s = qk * scale;
-    if constexpr (kSoftcap) s = capped(s, tanh);
+    T s = scaled<kSoftcap>(qk, tanh);
     if constexpr (kAlibi) s += alibi_bias(mask, i, j);
     return s;
   }
   // The same with the features read at run time (the oracle's path).
   template <class Int>
   FT_HOST_DEVICE T operator()(T qk, const Mask<Int>& mask, Int i, Int j) const {
-    T s = qk * scale;
-    if (softcap != T(0)) s = capped(s);
+    T s = softcap != T(0) ? scaled<true>(qk) : scaled<false>(qk);
     if (slope != T(0)) s += alibi_bias(mask, i, j);
     return s;
   }
@@ -82,6 +88,7 @@ FT_HOST_DEVICE LogitsTransform<T> logits_transform(const AttentionParams& p, int
   if (p.softcap != 0.0f) {
     t.softcap = T(p.softcap);
     t.inv_softcap = T(1) / T(p.softcap);
+    t.capped_scale = T(p.scale) / T(p.softcap);
   }
   if (p.alibi_slopes != nullptr)
     t.slope = T(p.alibi_slopes[b * p.alibi_batch_stride + h * p.alibi_head_stride]);
