@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "attn/block_range.hpp"
 #include "attn/seqlen.hpp"
@@ -119,8 +120,27 @@ __device__ __forceinline__ int heaviest_first_block(const AttentionParams& p, in
   return first_rows_heaviest ? x : blocks - 1 - x;
 }
 
-// Logits: LogitsFlags (attn/features.hpp). kAligned: every row of q, k, v and out starts on
-// 16 bytes and head_dim % 8 == 0 (tile_io.cuh's aligned path), else the narrow path.
+// The narrow path's one transformed kernel: softcap and ALiBi read at run time through
+// LogitsTransform::operator() (precise tanh). The fallback layouts trade speed for half the
+// instantiations; the aligned path has one kernel per LogitsFlags.
+struct RuntimeLogits {
+  static constexpr bool kSoftcap = true, kAlibi = true, kPlain = false;
+};
+
+// The logit of raw score qk for query row i and key j under Logits.
+template <class Logits>
+__device__ __forceinline__ float transformed_logit(const LogitsTransform<float>& transform,
+                                                   float qk, const Mask<int>& mask, int i, int j) {
+  if constexpr (std::is_same_v<Logits, RuntimeLogits>)
+    return transform(qk, mask, i, j);
+  else
+    return transform.template apply<Logits::kSoftcap, Logits::kAlibi>(qk, mask, i, j,
+                                                                      ptx::TanhApprox{});
+}
+
+// Logits: LogitsFlags (attn/features.hpp) or RuntimeLogits. kAligned: every row of q, k, v
+// and out starts on 16 bytes and head_dim % 8 == 0 (tile_io.cuh's aligned path), else the
+// narrow path.
 template <class T, class Cfg, class Logits, bool kAligned>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     mma_forward_kernel(const AttentionParams p) {
@@ -216,13 +236,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const uint32_t v_lane_row = (lane % 8 + ((lane / 8) % 2) * 8) * kRowBytes;
   const SwizzledPairs v_cols(lane / 16, lane % 8);
 
-  // A negative scale is folded into Q by flipping its sign bits once in shared memory
-  // (exact in fp16/bf16), so the softmax below only ever sees scale >= 0 and the row max
-  // stays a max. scale_log2 is kept above 0 so that a masked score (-inf) still gives
-  // 2^-inf = 0 when scale == 0 (every visible score then gives 2^0 = 1, as it should).
+  // The plain kernel folds a negative scale into Q by flipping its sign bits once in shared
+  // memory (exact in fp16/bf16), so its softmax only ever sees scale >= 0 and the max of the
+  // raw scores stays the max of the logits. scale_log2 is kept above 0 so that a masked
+  // score (-inf) still gives 2^-inf = 0 when scale == 0 (every visible score then gives
+  // 2^0 = 1, as it should). The transformed kernels take their maxima over the finished
+  // logits, so the sign stays in the transform.
   const float scale = fabsf(p.scale);
   const float scale_log2 = fmaxf(scale * kLog2e, FLT_MIN);
-  if (p.scale < 0.0f) {
+  if (Logits::kPlain && p.scale < 0.0f) {
     ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
     __syncthreads();
     for (int i = threadIdx.x; i < Cfg::kQBytes / 4; i += Cfg::kThreads)
@@ -231,8 +253,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
   // Softcap and ALiBi (when Logits asks for them) turn raw scores into natural-unit logits
   // before the softmax; the plain kernel instead folds the scale into its exp2.
-  LogitsTransform<float> logits = logits_transform<float>(p, b, h);
-  logits.scale = scale;  // the sign is already in Q
+  const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
+  // The last query row of the block: its first key bounds every row's (masks are monotone).
+  const int last_row = min(row_start + kBlockM, seq.seqlen_q) - 1;
 
   auto load_q_fragment = [&](uint32_t (&a)[4], int mt, int ks) {
     ptx::ldmatrix_x4(a, q_lane + mt * 16 * kRowBytes + q_cols(ks));
@@ -325,15 +348,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     };
     if constexpr (!Logits::kPlain)
       for_each_score([&](float& x, int row, int key) {
-        x = logits.template apply<Logits::kSoftcap, Logits::kAlibi>(x, mask, row, key,
-                                                                   ptx::TanhApprox{});
+        x = transformed_logit<Logits>(logits, x, mask, row, key);
       });
     // Only the tiles key_blocks() names hold keys some row must not see (the diagonal, the
-    // window's edges, the end of K); every other tile is seen whole by every row.
-    if (blocks.needs_mask(n_block))
-      for_each_score([&](float& x, int row, int key) {
-        if (!mask.visible(row, key)) x = kNegInf;
-      });
+    // window's edges, the end of K); every other tile is seen whole by every row. When every
+    // row sees the tile's first key (always under causal), only the end bound cuts it.
+    if (blocks.needs_mask(n_block)) {
+      if (n0 >= mask.first_key(last_row))
+        for_each_score([&](float& x, int row, int key) {
+          if (key >= mask.key_end(row)) x = kNegInf;
+        });
+      else
+        for_each_score([&](float& x, int row, int key) {
+          if (!mask.visible(row, key)) x = kNegInf;
+        });
+    }
 
     // Online softmax; P overwrites S (fp32), then is packed into A fragments of P·V.
 #pragma unroll
@@ -407,7 +436,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   ptx::cp_async_wait<0>();
   __syncthreads();
 
-  const float sink = sink_logit<float>(p, h);  // -inf without sinks: add_sink is then a no-op
+  const float sink = sink_logit<float>(p, h);
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -415,7 +444,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       SoftmaxState<float> st = state[mt][half];
       st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
       st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
-      const float sink_factor = add_sink(st, sink);
+      // add_sink would leave a state without sinks unchanged; the branch spares its exps.
+      const float sink_factor = p.sinks != nullptr ? add_sink(st, sink) : 1.0f;
       const float out_scale = sink_factor * output_scale(st);  // 0 for a fully masked row
       const int local_row = warp_row0 + mt * 16 + g + 8 * half;
 #pragma unroll

@@ -50,16 +50,21 @@ constexpr int specialised_head_dim(int64_t head_dim) {
   return 0;
 }
 
-// One head dim's kernels: the logits features pick LogitsFlags (attn/features.hpp), the
-// tensors' alignment the load path (tile_io.cuh). Instantiated per head dim in hdim<D>.cu.
+// One head dim's kernels, instantiated per head dim in hdim<D>.cu. The aligned path has one
+// kernel per LogitsFlags (attn/features.hpp); the narrow path (tile_io.cuh) a plain one and
+// one that reads softcap and ALiBi at run time.
 template <class T, int kHeadDim>
 void run_mma_forward(const AttentionParams& p, cudaStream_t stream) {
-  with_logits_flags(p, [&](auto logits) {
-    bool_switch(rows_aligned_16(p), [&](auto aligned) {
-      launch_mma_forward<T, MmaTraits<kHeadDim>, decltype(logits), decltype(aligned)::value>(
-          p, stream);
+  using Cfg = MmaTraits<kHeadDim>;
+  if (rows_aligned_16(p)) {
+    with_logits_flags(p, [&](auto logits) {
+      launch_mma_forward<T, Cfg, decltype(logits), true>(p, stream);
     });
-  });
+  } else if (p.softcap == 0.0f && p.alibi_slopes == nullptr) {
+    launch_mma_forward<T, Cfg, LogitsFlags<false, false>, false>(p, stream);
+  } else {
+    launch_mma_forward<T, Cfg, RuntimeLogits, false>(p, stream);
+  }
 }
 
 // Instantiated once per head dim in hdim<D>.cu (so the four compile in parallel) and
