@@ -2,17 +2,18 @@
 # One device call for cuda_mma on the H200 (the `run` tool sends /work/main; this worktree
 # travels as the carried .wt/mma, main's c0a5533 as .wt/mma-base, the deps as .device):
 #   cd .wt/mma && bash bench/results/mma_h200_run.sh [steps]
-# steps (default all): bench cli tests memcheck racecheck. Logs and CSVs land in $OUT.
+# steps (default all): bench cli tests memcheck racecheck peers. CSVs and logs.tgz land in
+# $OUT (the logs themselves stay outside it: the tool returns at most 8 files).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$(cd ../..; pwd)
 deps=$root/.device/deps
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-out=${OUT:-/tmp/mma-out}; logs=$out/logs; mkdir -p "$logs"
-steps=${1:-bench cli tests memcheck racecheck}
+out=${OUT:-/tmp/mma-out}; logs=/tmp/mma-logs/logs; mkdir -p "$out" "$logs"
+steps=${1:-bench cli tests memcheck racecheck peers}
 t0=$SECONDS
 note() { echo "[$((SECONDS - t0)) s] $*"; }
-pack() { tar czf "$out/logs.tgz" -C "$out" logs; }
+pack() { tar czf "$out/logs.tgz" -C /tmp/mma-logs logs; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv > "$logs/gpu.txt" 2>&1; cat "$logs/gpu.txt"
 common=(-G Ninja -DCMAKE_PREFIX_PATH="$deps" -DCMAKE_CUDA_ARCHITECTURES=90a
@@ -71,7 +72,7 @@ case " $steps " in *" cli "*)
   note "cli done"; grep -E "^cuda_mma|skipped|rror" "$logs/cli.log"; pack;;
 esac
 case " $steps " in *" tests "*)
-  timeout 200 $T > "$logs/mma_tests.log" 2>&1; echo "mma tests rc $?"
+  timeout 150 $T > "$logs/mma_tests.log" 2>&1; echo "mma tests rc $?"
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |\[margin\]|tests ran|Failure|error" "$logs/mma_tests.log" | head -40
   note "tests done"; pack;;
 esac
@@ -84,4 +85,10 @@ for tool in memcheck racecheck; do
     note "$tool done"; pack;;
   esac
 done
+case " $steps " in *" peers "*)
+  # PyTorch's FlashAttention-2 and cuDNN beside cuda_mma (bf16 grid through the CLI sweep).
+  PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-200} python3 bench/peers.py --cli $F \
+    --out "$out/peers" --dtype bf16 --peers flash,cudnn > "$logs/peers.log" 2>&1
+  echo "peers rc $?"; tail -45 "$logs/peers.log"; note "peers done"; pack;;
+esac
 note "all done"
