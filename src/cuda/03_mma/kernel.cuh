@@ -23,6 +23,24 @@
 // causal or not: 0.88x-0.99x of FA2, i.e. not yet at parity; cuDNN is 1.6-1.9x faster.
 // Step 2 (fp32 SIMT) is a different dtype: the tensor cores are the point of this step.
 //
+// On the feature core (issue 8, docs/JOURNEY.md "3d/3e"): every variant and varlen batch.
+//  - Key tiles come from key_blocks() (src/attn/block_range.hpp): causal and sliding
+//    windows skip what no row of the block sees; only needs_mask() tiles evaluate
+//    Mask::key_end / Mask::visible. Positions and offsets come from SeqlenInfo (dense and
+//    varlen alike); blocks past their sequence's end exit at once.
+//  - Softcap and ALiBi go through LogitsTransform::apply<kSoftcap, kAlibi> (tanh.approx:
+//    worst fp16/bf16 error 0.54-0.57 of FlashAttention's bound in the tests), one kernel
+//    per LogitsFlags; the plain kernel keeps its folded exp2. Sinks join at finalisation
+//    (add_sink); the LSE index is SeqlenInfo::lse_index.
+//  - Any head_dim 1..256 runs zero-padded on the next specialisation; rows that are not
+//    16-byte aligned take tile_io.cuh's narrow path instead of being refused.
+// Measured (H200, bench/mma_variants.cu beside c0a5533 in the same call, two runs each;
+// bench/results/mma_core_v2_*): the dense bf16 grid at 0.980x-1.106x of the previous
+// kernel (d=64 +2..11%, d=256 -0.1..+3%, d=128 -2.0% at seqlen 512 causal to +1.8%); at
+// 16k d=128 causal: window (1024, 0) 6.7x faster than causal (target 8x: missed, tile
+// granularity bounds it at 7.4x), softcap +11.5% (target 10%: missed), ALiBi +7.4%,
+// sinks +0%; varlen 256..4096 (kernel) within 2.4% of the dense batch of the same work.
+//
 // Layout conventions: lane = 4·g + t (g = lane/4 is the fragment row, t = lane%4 the
 // column pair). A 16x8 fp32 accumulator tile holds rows g and g+8, columns 2t and 2t+1.
 #pragma once
