@@ -14,38 +14,67 @@
 
 namespace flashtile::detail {
 
+// The softcap's tanh, to full precision (what the oracle and the fp32 kernels use). A
+// kernel may pass a faster one to apply() when its error stays under its inputs' rounding.
+struct PreciseTanh {
+  FT_HOST_DEVICE float operator()(float x) const {
+#if defined(__CUDA_ARCH__)
+    return tanhf(x);
+#else
+    return std::tanh(x);
+#endif
+  }
+  FT_HOST_DEVICE double operator()(double x) const { return std::tanh(x); }
+};
+
+// |x| as one instruction (an operand modifier on the GPU), not a compare and select.
+FT_HOST_DEVICE float magnitude(float x) {
+#if defined(__CUDA_ARCH__)
+  return fabsf(x);
+#else
+  return std::fabs(x);
+#endif
+}
+FT_HOST_DEVICE double magnitude(double x) { return std::fabs(x); }
+
 template <class T>
 struct LogitsTransform {
   T scale = T(1);
   T softcap = T(0), inv_softcap = T(0);  // 0 = off
+  T capped_scale = T(0);                 // scale / softcap: S/c = qk·capped_scale, one multiply
   T slope = T(0);                        // ALiBi slope of this head; 0 = off
 
-  FT_HOST_DEVICE T capped(T s) const {
-#if defined(__CUDA_ARCH__)
-    return softcap * tanhf(s * inv_softcap);
-#else
-    return softcap * std::tanh(s * inv_softcap);
-#endif
+  template <class Tanh = PreciseTanh>
+  FT_HOST_DEVICE T capped(T s, Tanh tanh = {}) const {
+    return softcap * tanh(s * inv_softcap);
   }
+
+  // scale·qk, capped when kSoftcap: c·tanh(scale·qk / c).
+  template <bool kSoftcap, class Tanh = PreciseTanh>
+  FT_HOST_DEVICE T scaled(T qk, Tanh tanh = {}) const {
+    if constexpr (kSoftcap) return softcap * tanh(qk * capped_scale);
+    return qk * scale;
+  }
+  // -slope·|diagonal(i) - j|, the distance taken in T: exact while positions stay below
+  // 2^24 in float (2^53 in double), and a tile kernel converts each key column to T once
+  // for all its rows instead of once per score.
   template <class Int>
   FT_HOST_DEVICE T alibi_bias(const Mask<Int>& mask, Int i, Int j) const {
-    return -slope * T(mask.distance(i, j));
+    return -slope * magnitude(T(mask.diagonal(i)) - T(j));
   }
 
   // The logit of raw dot product qk for query i, key j, with the features fixed at compile
   // time (the kernels' path).
-  template <bool kSoftcap, bool kAlibi, class Int>
-  FT_HOST_DEVICE T apply(T qk, const Mask<Int>& mask, Int i, Int j) const {
-    T s = qk * scale;
-    if constexpr (kSoftcap) s = capped(s);
+  template <bool kSoftcap, bool kAlibi, class Int, class Tanh = PreciseTanh>
+  FT_HOST_DEVICE T apply(T qk, const Mask<Int>& mask, Int i, Int j, Tanh tanh = {}) const {
+    T s = scaled<kSoftcap>(qk, tanh);
     if constexpr (kAlibi) s += alibi_bias(mask, i, j);
     return s;
   }
   // The same with the features read at run time (the oracle's path).
   template <class Int>
   FT_HOST_DEVICE T operator()(T qk, const Mask<Int>& mask, Int i, Int j) const {
-    T s = qk * scale;
-    if (softcap != T(0)) s = capped(s);
+    T s = softcap != T(0) ? scaled<true>(qk) : scaled<false>(qk);
     if (slope != T(0)) s += alibi_bias(mask, i, j);
     return s;
   }
@@ -59,6 +88,7 @@ FT_HOST_DEVICE LogitsTransform<T> logits_transform(const AttentionParams& p, int
   if (p.softcap != 0.0f) {
     t.softcap = T(p.softcap);
     t.inv_softcap = T(1) / T(p.softcap);
+    t.capped_scale = T(p.scale) / T(p.softcap);
   }
   if (p.alibi_slopes != nullptr)
     t.slope = T(p.alibi_slopes[b * p.alibi_batch_stride + h * p.alibi_head_stride]);

@@ -1,10 +1,11 @@
 // cuda_mma as a backend: what it accepts (checked on the host, before anything runs) and
-// the dispatch to the head-dim specialisations. The kernel and its journey note are in
+// the dispatch to the head-dim specialisations. Every variant and varlen batch is served
+// (the kernel consumes them through src/attn/). The kernel and its journey note are in
 // kernel.cuh, the tile sizes in traits.cuh.
-#include <array>
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "cuda/03_mma/traits.cuh"
 
@@ -45,41 +46,24 @@ int shared_bytes_for(int64_t head_dim) {
   return 0;
 }
 
-// 16-byte alignment: every cp.async and every output store moves 8 elements at once.
-std::string alignment_unsupported(const AttentionParams& p) {
-  struct Tensor {
-    const char* name;
-    const void* data;
-    std::array<int64_t, 3> strides;  // batch, row, head
-  };
-  const Tensor tensors[] = {
-      {"q", p.q, {p.q_batch_stride, p.q_row_stride, p.q_head_stride}},
-      {"k", p.k, {p.k_batch_stride, p.k_row_stride, p.k_head_stride}},
-      {"v", p.v, {p.v_batch_stride, p.v_row_stride, p.v_head_stride}},
-      {"out", p.o, {p.o_batch_stride, p.o_row_stride, p.o_head_stride}},
-  };
-  static constexpr const char* kStrideNames[] = {"batch", "row", "head"};
-  for (const Tensor& t : tensors) {
-    const auto address = reinterpret_cast<uintptr_t>(t.data);
-    if (address % 16 != 0)
-      return std::string("cuda_mma needs 16-byte aligned tensors; ") + t.name +
-             ".data is at an address = " + std::to_string(address % 16) + " mod 16";
-    for (int i = 0; i < 3; ++i)
-      if (t.strides[i] % 8 != 0)
-        return std::string("cuda_mma needs strides that are multiples of 8 elements (16 bytes); ") +
-               t.name + " " + kStrideNames[i] + " stride is " + std::to_string(t.strides[i]);
-  }
+// Rows of any alignment are served (tile_io.cuh picks 16-byte copies or narrower ones),
+// but 16-bit elements themselves must be 2-byte aligned.
+std::string element_alignment_unsupported(const AttentionParams& p) {
+  const std::pair<const char*, const void*> tensors[] = {
+      {"q", p.q}, {"k", p.k}, {"v", p.v}, {"out", p.o}};
+  for (const auto& [name, data] : tensors)
+    if (reinterpret_cast<uintptr_t>(data) % 2 != 0)
+      return std::string("cuda_mma needs 16-bit elements at even addresses; ") + name +
+             ".data is at an odd address";
   return "";
 }
 
 std::string mma_unsupported(const AttentionParams& p) {
-  if (std::string why = journey_unsupported(p, "cuda_mma"); !why.empty()) return why;
   if (p.dtype != DType::f16 && p.dtype != DType::bf16)
     return "cuda_mma supports float16 and bfloat16; got " + std::string(dtype_name(p.dtype));
-  if (p.head_dim % 8 != 0 || p.head_dim > 256)
-    return "cuda_mma supports head_dim a multiple of 8 up to 256; got " +
-           std::to_string(p.head_dim);
-  if (std::string why = alignment_unsupported(p); !why.empty()) return why;
+  if (p.head_dim < 1 || p.head_dim > 256)
+    return "cuda_mma supports head_dim 1 to 256; got " + std::to_string(p.head_dim);
+  if (std::string why = element_alignment_unsupported(p); !why.empty()) return why;
   // Sequence positions are 32-bit inside the kernel (element offsets stay 64-bit).
   constexpr int64_t kMaxSeqlen = INT_MAX - 1024;
   if (p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen)

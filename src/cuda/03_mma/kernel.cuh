@@ -23,6 +23,24 @@
 // causal or not: 0.88x-0.99x of FA2, i.e. not yet at parity; cuDNN is 1.6-1.9x faster.
 // Step 2 (fp32 SIMT) is a different dtype: the tensor cores are the point of this step.
 //
+// On the feature core (issue 8, docs/JOURNEY.md "3d/3e"): every variant and varlen batch.
+//  - Key tiles come from key_blocks() (src/attn/block_range.hpp): causal and sliding
+//    windows skip what no row of the block sees; only needs_mask() tiles evaluate
+//    Mask::key_end / Mask::visible. Positions and offsets come from SeqlenInfo (dense and
+//    varlen alike); blocks past their sequence's end exit at once.
+//  - Softcap and ALiBi go through LogitsTransform::apply<kSoftcap, kAlibi> (tanh.approx:
+//    worst fp16/bf16 error 0.54-0.57 of FlashAttention's bound in the tests), one kernel
+//    per LogitsFlags; the plain kernel keeps its folded exp2. Sinks join at finalisation
+//    (add_sink); the LSE index is SeqlenInfo::lse_index.
+//  - Any head_dim 1..256 runs zero-padded on the next specialisation; rows that are not
+//    16-byte aligned take tile_io.cuh's narrow path instead of being refused.
+// Measured (H200, bench/mma_variants.cu beside c0a5533 in the same call, two runs each;
+// bench/results/mma_core_v2_*): the dense bf16 grid at 0.980x-1.106x of the previous
+// kernel (d=64 +2..11%, d=256 -0.1..+3%, d=128 -2.0% at seqlen 512 causal to +1.8%); at
+// 16k d=128 causal: window (1024, 0) 6.7x faster than causal (target 8x: missed, tile
+// granularity bounds it at 7.4x), softcap +11.5% (target 10%: missed), ALiBi +7.4%,
+// sinks +0%; varlen 256..4096 (kernel) within 2.4% of the dense batch of the same work.
+//
 // Layout conventions: lane = 4·g + t (g = lane/4 is the fragment row, t = lane%4 the
 // column pair). A 16x8 fp32 accumulator tile holds rows g and g+8, columns 2t and 2t+1.
 #pragma once
@@ -34,8 +52,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
+#include "attn/block_range.hpp"
+#include "attn/seqlen.hpp"
 #include "attn/softmax_state.hpp"
+#include "attn/variant.hpp"
+#include "cuda/03_mma/tile_io.cuh"
 #include "cuda/common.cuh"
 #include "cuda/ptx/mma.cuh"
 
@@ -89,60 +112,6 @@ struct MmaConfig {
                 "the output copy maps lanes onto whole rows");
 };
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile: the chunk index is
-// XORed with row % 8, so the 8 rows one ldmatrix phase reads (same logical chunk) land in
-// 8 different 16-byte bank groups. kRowChunks is a multiple of 8, so the XOR stays in-row.
-template <class Cfg>
-__device__ __forceinline__ uint32_t swizzle(int row, int chunk) {
-  return static_cast<uint32_t>(row * Cfg::kRowChunks + (chunk ^ (row & 7))) * 16u;
-}
-
-// Copies rows [0, kRows) of a strided tensor (row 0 at `src`, `row_stride` elements apart)
-// into a swizzled shared tile; rows >= valid_rows and chunks >= valid_chunks (past the true
-// head_dim) are zero-filled, so padding never injects garbage (0·NaN) into the products.
-template <class Cfg, int kRows, class T>
-__device__ __forceinline__ void load_tile_async(uint32_t tile, const T* src, int64_t row_stride,
-                                                int valid_rows, int valid_chunks) {
-  const int chunk = threadIdx.x % Cfg::kRowChunks;
-  const int row0 = threadIdx.x / Cfg::kRowChunks;
-  if (chunk >= Cfg::kDataChunks) return;  // pitch padding (head_dim 96 only)
-  const bool chunk_ok = chunk < valid_chunks;
-#pragma unroll
-  for (int i = 0; i < kRows / Cfg::kRowsPerPass; ++i) {
-    const int row = row0 + i * Cfg::kRowsPerPass;
-    const bool ok = chunk_ok && row < valid_rows;
-    // A skipped copy still names a valid address (row 0 always exists) but reads nothing.
-    const T* from = ok ? src + row * row_stride + chunk * 8 : src;
-    ptx::cp_async_16(tile + swizzle<Cfg>(row, chunk), from, ok);
-  }
-}
-
-// The same for a tile known to be whole (every row < seqlen): no per-row predicate and
-// addresses that advance by a fixed stride, so each chunk costs a 64-bit add and a copy.
-template <class Cfg, int kRows, class T>
-__device__ __forceinline__ void load_full_tile_async(uint32_t tile, const T* src,
-                                                     int64_t row_stride, int valid_chunks) {
-  const int chunk = threadIdx.x % Cfg::kRowChunks;
-  const int row0 = threadIdx.x / Cfg::kRowChunks;
-  if (chunk >= Cfg::kDataChunks || chunk >= valid_chunks) {
-    // Padding columns (head_dim below the specialisation) stay zero.
-    if (chunk < Cfg::kDataChunks)
-#pragma unroll
-      for (int i = 0; i < kRows / Cfg::kRowsPerPass; ++i)
-        ptx::cp_async_16(tile + swizzle<Cfg>(row0 + i * Cfg::kRowsPerPass, chunk), src, false);
-    return;
-  }
-  const T* from = src + row0 * row_stride + chunk * 8;
-  const int64_t pass_stride = Cfg::kRowsPerPass * row_stride;
-  // Not unrolled up to head_dim 128 on purpose: unrolled, nvcc keeps every pass's 64-bit
-  // offset live across the main loop, which costs the kernel its spare registers (spills at
-  // head_dim 128). At 256 (4 rows per pass, short key tiles) the loop overhead shows more.
-  constexpr int kUnroll = Cfg::kHeadDim > 128 ? kRows / Cfg::kRowsPerPass : 1;
-#pragma unroll kUnroll
-  for (int i = 0; i < kRows / Cfg::kRowsPerPass; ++i, from += pass_stride)
-    ptx::cp_async_16(tile + swizzle<Cfg>(row0 + i * Cfg::kRowsPerPass, chunk), from);
-}
-
 // Per-lane byte offsets (within an aligned group of 8 chunks) of chunk 2j + hi for
 // j = 0..3, after the swizzle: ldmatrix addresses then differ between k-steps only by a
 // compile-time constant plus one of these four registers.
@@ -159,7 +128,38 @@ struct SwizzledPairs {
   }
 };
 
-template <class T, class Cfg>
+// The query block CTA x of `blocks` computes. CTAs start in order of x, so the heaviest
+// blocks go first and the light ones fill the tail. Rows see more keys the later they are
+// when only the window's left side is unbounded (causal); only with the left side bounded
+// and the right one open do the first rows see most. Otherwise (full attention, both sides
+// bounded) work is flat but for the lighter edges, and the first rows are the lightest.
+__device__ __forceinline__ int heaviest_first_block(const AttentionParams& p, int x, int blocks) {
+  const bool first_rows_heaviest = p.window_left >= 0 && p.window_right < 0;
+  return first_rows_heaviest ? x : blocks - 1 - x;
+}
+
+// The narrow path's one transformed kernel: softcap and ALiBi read at run time through
+// LogitsTransform::operator() (precise tanh). The fallback layouts trade speed for half the
+// instantiations; the aligned path has one kernel per LogitsFlags.
+struct RuntimeLogits {
+  static constexpr bool kSoftcap = true, kAlibi = true, kPlain = false;
+};
+
+// The logit of raw score qk for query row i and key j under Logits.
+template <class Logits>
+__device__ __forceinline__ float transformed_logit(const LogitsTransform<float>& transform,
+                                                   float qk, const Mask<int>& mask, int i, int j) {
+  if constexpr (std::is_same_v<Logits, RuntimeLogits>)
+    return transform(qk, mask, i, j);
+  else
+    return transform.template apply<Logits::kSoftcap, Logits::kAlibi>(qk, mask, i, j,
+                                                                      ptx::TanhApprox{});
+}
+
+// Logits: LogitsFlags (attn/features.hpp) or RuntimeLogits. kAligned: every row of q, k, v
+// and out starts on 16 bytes and head_dim % 8 == 0 (tile_io.cuh's aligned path), else the
+// narrow path.
+template <class T, class Cfg, class Logits, bool kAligned>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     mma_forward_kernel(const AttentionParams p) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
@@ -175,47 +175,63 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
-  // Heaviest causal blocks (the last query rows) first: the short ones fill the tail.
-  const int m_block = static_cast<int>(gridDim.x - 1 - blockIdx.x);
   const int64_t h = blockIdx.y, b = blockIdx.z, hk = h / p.heads_per_kv();
-  const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
-  const int row_start = m_block * kBlockM;
-  const int causal_offset = seqlen_k - seqlen_q;  // row i sees keys j <= i + causal_offset
-  const int valid_chunks = static_cast<int>(p.head_dim) / 8;
+  // Where sequence b lives and how long it is (dense or varlen); the grid covers the
+  // longest sequence, so blocks past this one's end have nothing to do.
+  const SeqlenInfo<int> seq(p, b);
+  const int row_start = heaviest_first_block(p, blockIdx.x, gridDim.x) * kBlockM;
+  if (row_start >= seq.seqlen_q) return;
+  const Mask<int> mask = seq.mask(p);
+  // Key tiles some row of this block sees, and those every row sees whole (no mask);
+  // they are visited last-first, so tile i is key block blocks.end - 1 - i.
+  const KeyBlocks<int> blocks =
+      key_blocks(mask, row_start, min(row_start + kBlockM, seq.seqlen_q), kBlockN);
+  const int n_tiles = blocks.count();
+  const int head_dim = static_cast<int>(p.head_dim);
+  const int valid_chunks = head_dim / 8;  // the aligned path's whole chunks
 
-  const T* q_tile = bshd_ptr(static_cast<const T*>(p.q), b, int64_t(row_start), h,
-                             p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-  const T* k_head = bshd_ptr(static_cast<const T*>(p.k), b, int64_t(0), hk, p.k_batch_stride,
-                             p.k_row_stride, p.k_head_stride);
-  const T* v_head = bshd_ptr(static_cast<const T*>(p.v), b, int64_t(0), hk, p.v_batch_stride,
-                             p.v_row_stride, p.v_head_stride);
-
-  // Keys this block needs: with causal, tiles wholly above the last row's diagonal are
-  // skipped. Tiles are visited last-first, so tile t covers keys from (n_tiles-1-t)·kBlockN.
-  int n_keys = seqlen_k;
-  if (p.is_causal()) {
-    const int last_row = min(row_start + kBlockM, seqlen_q) - 1;
-    n_keys = max(0, min(seqlen_k, last_row + causal_offset + 1));
+  const T* q_tile = static_cast<const T*>(p.q) + seq.q_offset(p, b, row_start, h);
+  const T* k_head = static_cast<const T*>(p.k) + seq.k_offset(p, b, 0, hk);
+  const T* v_head = static_cast<const T*>(p.v) + seq.v_offset(p, b, 0, hk);
+  // The narrow path's access widths (elements), from each tensor's alignment.
+  int q_granule = 8, k_granule = 8, v_granule = 8;
+  if constexpr (!kAligned) {
+    q_granule = access_granule(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+    k_granule = access_granule(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+    v_granule = access_granule(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
   }
-  const int n_tiles = (n_keys + kBlockN - 1) / kBlockN;
 
-  load_tile_async<Cfg, kBlockM>(smem_q, q_tile, p.q_row_stride, seqlen_q - row_start,
-                                valid_chunks);
+  if constexpr (kAligned)
+    load_tile_async<Cfg, kBlockM>(smem_q, q_tile, p.q_row_stride, seq.seqlen_q - row_start,
+                                  valid_chunks);
+  else
+    load_tile_narrow<Cfg, kBlockM>(smem, q_tile, p.q_row_stride, seq.seqlen_q - row_start,
+                                   head_dim, q_granule);
   ptx::cp_async_commit();
   auto issue_tile = [&](int tile) {
     if (tile < n_tiles) {
-      const int n0 = (n_tiles - 1 - tile) * kBlockN;
-      const uint32_t stage = smem_kv + (tile % kStages) * 2 * Cfg::kTileBytes;
-      if (n0 + kBlockN <= seqlen_k) {  // every tile but the one holding the end of K
-        load_full_tile_async<Cfg, kBlockN>(stage, k_head + n0 * p.k_row_stride, p.k_row_stride,
-                                           valid_chunks);
-        load_full_tile_async<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_head + n0 * p.v_row_stride,
-                                           p.v_row_stride, valid_chunks);
+      const int n0 = (blocks.end - 1 - tile) * kBlockN;
+      const int stage_offset = (tile % kStages) * 2 * Cfg::kTileBytes;
+      const T* k_rows = k_head + n0 * p.k_row_stride;
+      const T* v_rows = v_head + n0 * p.v_row_stride;
+      const int valid_rows = seq.seqlen_k - n0;
+      if constexpr (kAligned) {
+        const uint32_t stage = smem_kv + stage_offset;
+        if (valid_rows >= kBlockN) {  // every tile but the one holding the end of K
+          load_full_tile_async<Cfg, kBlockN>(stage, k_rows, p.k_row_stride, valid_chunks);
+          load_full_tile_async<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_rows, p.v_row_stride,
+                                             valid_chunks);
+        } else {
+          load_tile_async<Cfg, kBlockN>(stage, k_rows, p.k_row_stride, valid_rows, valid_chunks);
+          load_tile_async<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_rows, p.v_row_stride,
+                                        valid_rows, valid_chunks);
+        }
       } else {
-        load_tile_async<Cfg, kBlockN>(stage, k_head + n0 * p.k_row_stride, p.k_row_stride,
-                                      seqlen_k - n0, valid_chunks);
-        load_tile_async<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_head + n0 * p.v_row_stride,
-                                      p.v_row_stride, seqlen_k - n0, valid_chunks);
+        unsigned char* stage = smem + Cfg::kQBytes + stage_offset;
+        load_tile_narrow<Cfg, kBlockN>(stage, k_rows, p.k_row_stride, valid_rows, head_dim,
+                                       k_granule);
+        load_tile_narrow<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_rows, p.v_row_stride,
+                                       valid_rows, head_dim, v_granule);
       }
     }
     ptx::cp_async_commit();  // empty groups keep the wait counts uniform
@@ -238,19 +254,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const uint32_t v_lane_row = (lane % 8 + ((lane / 8) % 2) * 8) * kRowBytes;
   const SwizzledPairs v_cols(lane / 16, lane % 8);
 
-  // A negative scale is folded into Q by flipping its sign bits once in shared memory
-  // (exact in fp16/bf16), so the softmax below only ever sees scale >= 0 and the row max
-  // stays a max. scale_log2 is kept above 0 so that a masked score (-inf) still gives
-  // 2^-inf = 0 when scale == 0 (every visible score then gives 2^0 = 1, as it should).
+  // The plain kernel folds a negative scale into Q by flipping its sign bits once in shared
+  // memory (exact in fp16/bf16), so its softmax only ever sees scale >= 0 and the max of the
+  // raw scores stays the max of the logits. scale_log2 is kept above 0 so that a masked
+  // score (-inf) still gives 2^-inf = 0 when scale == 0 (every visible score then gives
+  // 2^0 = 1, as it should). The transformed kernels take their maxima over the finished
+  // logits, so the sign stays in the transform.
   const float scale = fabsf(p.scale);
   const float scale_log2 = fmaxf(scale * kLog2e, FLT_MIN);
-  if (p.scale < 0.0f) {
+  if (Logits::kPlain && p.scale < 0.0f) {
     ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
     __syncthreads();
     for (int i = threadIdx.x; i < Cfg::kQBytes / 4; i += Cfg::kThreads)
       reinterpret_cast<uint32_t*>(smem)[i] ^= 0x80008000u;
     __syncthreads();
   }
+  // Softcap and ALiBi (when Logits asks for them) turn raw scores into natural-unit logits
+  // before the softmax; the plain kernel instead folds the scale into its exp2.
+  const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
+  // The last query row of the block: its first key bounds every row's (masks are monotone).
+  const int last_row = min(row_start + kBlockM, seq.seqlen_q) - 1;
 
   auto load_q_fragment = [&](uint32_t (&a)[4], int mt, int ks) {
     ptx::ldmatrix_x4(a, q_lane + mt * 16 * kRowBytes + q_cols(ks));
@@ -275,11 +298,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     for (int dt = 0; dt < kDTiles; ++dt)
 #pragma unroll
       for (int r = 0; r < 4; ++r) o[mt][dt][r] = 0.0f;
-  // Rows g and g+8 of each m-tile. m is the row's running max of scale·S (natural units);
-  // l is this lane's partial sum over its columns (the quad's four partials add up to l).
-  // Set explicitly: nvcc 13.0 was seen to leave m = 0 instead of the member initializer's
-  // -inf for state[1][*] (cuobjdump of the kMTiles = 2 kernels), which only shows as
-  // rounding (m is a shift) but breaks the exact single-key rows.
+  // Rows g and g+8 of each m-tile. m is the row's running max of the logits (natural
+  // units); l is this lane's partial sum over its columns (the quad's four partials add up
+  // to l). Set explicitly: nvcc 13.0 was seen to leave m = 0 instead of the member
+  // initializer's -inf for state[1][*] (cuobjdump of the kMTiles = 2 kernels), which only
+  // shows as rounding (m is a shift) but breaks the exact single-key rows.
   SoftmaxState<float> state[kMTiles][2];
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
@@ -293,7 +316,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
     const uint32_t k_stage = smem_kv + (tile % kStages) * 2 * Cfg::kTileBytes;
     const uint32_t v_stage = k_stage + Cfg::kTileBytes;
-    const int n0 = (n_tiles - 1 - tile) * kBlockN;
+    const int n_block = blocks.end - 1 - tile;
+    const int n0 = n_block * kBlockN;
 
     // S = Q·Kᵀ  (kWarpRows, kBlockN), raw (unscaled) scores.
     float s[kMTiles][kNTiles][4];
@@ -327,23 +351,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       }
     }
 
-    // Mask only the tiles that cross the end of K or the causal diagonal of the block's
-    // first row; every other tile is fully visible to every row of the block.
-    const bool needs_mask = n0 + kBlockN > seqlen_k ||
-                            (p.is_causal() && n0 + kBlockN - 1 > row_start + causal_offset);
-    if (needs_mask) {
+    // Element (mt, nt, 2·half + e) of S is query row `row` and key `key` of the sequence.
+    auto for_each_score = [&](auto&& fn) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = row_start + warp_row0 + mt * 16 + g + 8 * half;
-          const int key_end = p.is_causal() ? min(seqlen_k, row + causal_offset + 1) : seqlen_k;
 #pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-            for (int e = 0; e < 2; ++e)
-              if (n0 + nt * 8 + 2 * t + e >= key_end) s[mt][nt][2 * half + e] = kNegInf;
+            for (int e = 0; e < 2; ++e) fn(s[mt][nt][2 * half + e], row, n0 + nt * 8 + 2 * t + e);
         }
+    };
+    if constexpr (!Logits::kPlain)
+      for_each_score([&](float& x, int row, int key) {
+        x = transformed_logit<Logits>(logits, x, mask, row, key);
+      });
+    // Only the tiles key_blocks() names hold keys some row must not see (the diagonal, the
+    // window's edges, the end of K); every other tile is seen whole by every row. When every
+    // row sees the tile's first key (always under causal), only the end bound cuts it.
+    if (blocks.needs_mask(n_block)) {
+      if (n0 >= mask.first_key(last_row))
+        for_each_score([&](float& x, int row, int key) {
+          if (key >= mask.key_end(row)) x = kNegInf;
+        });
+      else
+        for_each_score([&](float& x, int row, int key) {
+          if (!mask.visible(row, key)) x = kNegInf;
+        });
     }
 
     // Online softmax; P overwrites S (fp32), then is packed into A fragments of P·V.
@@ -358,7 +394,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         // The quad's four lanes hold the row's columns.
         row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
         row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
-        const float block_max = row_max == kNegInf ? kNegInf : row_max * scale;
+        // In natural units: the plain kernel's raw scores still carry the scale.
+        float block_max = row_max;
+        if constexpr (Logits::kPlain) block_max = row_max == kNegInf ? kNegInf : row_max * scale;
         SoftmaxState<float>& st = state[mt][half];
         const float alpha = online_softmax_rescale(st, block_max);
         // Once the running maxima settle, most tiles leave every row's m unchanged
@@ -370,15 +408,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
             o[mt][dt][2 * half + 1] *= alpha;
           }
         }
-        // P = exp(scale·s - m) = 2^(s·scale·log2e - m·log2e): one FFMA + one MUFU.EX2.
+        // P = exp(logit - m) = 2^(logit·log2e - m·log2e), the plain kernel's logit being
+        // scale·s: one FFMA + one MUFU.EX2 per score.
         const float shift = safe_shift(st.m) * kLog2e;
+        const float to_log2 = Logits::kPlain ? scale_log2 : kLog2e;
         float row_sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = s[mt][nt][2 * half + e];
-            x = ptx::exp2_approx(fmaf(x, scale_log2, -shift));
+            x = ptx::exp2_approx(fmaf(x, to_log2, -shift));
             row_sum += x;
           }
         st.l += row_sum;
@@ -414,7 +454,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   ptx::cp_async_wait<0>();
   __syncthreads();
 
-  const int64_t lse_row0 = (b * p.heads_q + h) * p.seqlen_q;
+  const float sink = sink_logit<float>(p, h);
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -422,42 +462,55 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       SoftmaxState<float> st = state[mt][half];
       st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
       st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
-      const float inv_l = output_scale(st);  // 0 for a fully masked row
+      // add_sink would leave a state without sinks unchanged; the branch spares its exps.
+      const float sink_factor = p.sinks != nullptr ? add_sink(st, sink) : 1.0f;
+      const float out_scale = sink_factor * output_scale(st);  // 0 for a fully masked row
       const int local_row = warp_row0 + mt * 16 + g + 8 * half;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         // Conflict-free: the quad writes one 16-byte chunk, the 8 rows 8 distinct ones.
         const uint32_t packed =
-            ptx::pack2<T>(o[mt][dt][2 * half] * inv_l, o[mt][dt][2 * half + 1] * inv_l);
+            ptx::pack2<T>(o[mt][dt][2 * half] * out_scale, o[mt][dt][2 * half + 1] * out_scale);
         *reinterpret_cast<uint32_t*>(smem + swizzle<Cfg>(local_row, dt) + 4 * t) = packed;
       }
       const int row = row_start + local_row;
-      if (p.lse != nullptr && t == 0 && row < seqlen_q) p.lse[lse_row0 + row] = log_sum_exp(st);
+      if (p.lse != nullptr && t == 0 && row < seq.seqlen_q)
+        p.lse[seq.lse_index(p, b, h, row)] = log_sum_exp(st);
     }
   __syncwarp();
 
-  // Each warp copies its own rows out with 16-byte stores, masked to the true head_dim.
+  // Each warp copies its own rows out: 16-byte stores on the aligned path, the widest the
+  // output allows on the narrow one; masked to the true head_dim.
   constexpr int kLanesPerRow = Cfg::kRowChunks < 32 ? Cfg::kRowChunks : 32;
   constexpr int kRowsPerStep = 32 / kLanesPerRow;
-  T* o_tile = bshd_ptr(static_cast<T*>(p.o), b, int64_t(row_start), h, p.o_batch_stride,
-                       p.o_row_stride, p.o_head_stride);
+  T* o_tile = static_cast<T*>(p.o) + seq.o_offset(p, b, row_start, h);
+  int o_granule = 8;
+  if constexpr (!kAligned)
+    o_granule = access_granule(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+  const int out_chunks = (head_dim + 7) / 8;
 #pragma unroll
   for (int r = lane / kLanesPerRow; r < Cfg::kWarpRows; r += kRowsPerStep) {
     const int local_row = warp_row0 + r;
-    if (row_start + local_row >= seqlen_q) break;
+    if (row_start + local_row >= seq.seqlen_q) break;
 #pragma unroll
     for (int chunk = lane % kLanesPerRow; chunk < Cfg::kRowChunks; chunk += kLanesPerRow) {
-      if (chunk >= valid_chunks) break;
+      if (chunk >= out_chunks) break;
       const uint4 value = *reinterpret_cast<const uint4*>(smem + swizzle<Cfg>(local_row, chunk));
-      *reinterpret_cast<uint4*>(o_tile + local_row * p.o_row_stride + chunk * 8) = value;
+      T* to = o_tile + local_row * p.o_row_stride + chunk * 8;
+      if constexpr (kAligned)
+        *reinterpret_cast<uint4*>(to) = value;
+      else
+        store_chunk_narrow(reinterpret_cast<uint16_t*>(to), value,
+                           chunk_elements(chunk, head_dim), o_granule);
     }
   }
 }
 
-// Launches the kernel for one configuration on `stream`.
-template <class T, class Cfg>
+// Launches the kernel for one configuration on `stream`; the grid covers the longest
+// sequence (p.seqlen_q) of every (head, batch entry).
+template <class T, class Cfg, class Logits, bool kAligned>
 void launch_mma_forward(const AttentionParams& p, cudaStream_t stream) {
-  auto* kernel = &mma_forward_kernel<T, Cfg>;
+  auto* kernel = &mma_forward_kernel<T, Cfg, Logits, kAligned>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   Cfg::kSmemBytes),
              "cudaFuncSetAttribute(mma_forward_kernel)");
@@ -465,6 +518,15 @@ void launch_mma_forward(const AttentionParams& p, cudaStream_t stream) {
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   check_launch("mma_forward_kernel");
+}
+
+// Whether the aligned path serves p: 16-byte rows everywhere and whole chunks.
+inline bool rows_aligned_16(const AttentionParams& p) {
+  return p.head_dim % 8 == 0 &&
+         access_granule(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride) == 8 &&
+         access_granule(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride) == 8 &&
+         access_granule(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride) == 8 &&
+         access_granule(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride) == 8;
 }
 
 }  // namespace flashtile::detail::mma

@@ -4,11 +4,13 @@
 // MmaConfig<kHeadDim, kBlockM, kBlockN, kNWarps, kStages, kQInRegs, kMinBlocks>.
 #pragma once
 
+#include "attn/features.hpp"
 #include "cuda/03_mma/kernel.cuh"
 
 namespace flashtile::detail::mma {
 
-// The head dims that have their own kernel; any other multiple of 8 runs on the next one up.
+// The head dims that have their own kernel; any other head dim (1..256) runs on the next
+// one up, zero-padded inside the kernel.
 inline constexpr int kSpecialisedHeadDims[] = {64, 96, 128, 256};
 
 template <int kHeadDim>
@@ -48,9 +50,21 @@ constexpr int specialised_head_dim(int64_t head_dim) {
   return 0;
 }
 
+// One head dim's kernels, instantiated per head dim in hdim<D>.cu. The aligned path has one
+// kernel per LogitsFlags (attn/features.hpp); the narrow path (tile_io.cuh) a plain one and
+// one that reads softcap and ALiBi at run time.
 template <class T, int kHeadDim>
 void run_mma_forward(const AttentionParams& p, cudaStream_t stream) {
-  launch_mma_forward<T, MmaTraits<kHeadDim>>(p, stream);
+  using Cfg = MmaTraits<kHeadDim>;
+  if (rows_aligned_16(p)) {
+    with_logits_flags(p, [&](auto logits) {
+      launch_mma_forward<T, Cfg, decltype(logits), true>(p, stream);
+    });
+  } else if (p.softcap == 0.0f && p.alibi_slopes == nullptr) {
+    launch_mma_forward<T, Cfg, LogitsFlags<false, false>, false>(p, stream);
+  } else {
+    launch_mma_forward<T, Cfg, RuntimeLogits, false>(p, stream);
+  }
 }
 
 // Instantiated once per head dim in hdim<D>.cu (so the four compile in parallel) and

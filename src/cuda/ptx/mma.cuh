@@ -1,6 +1,7 @@
 // Thin wrappers over the sm_80 PTX instructions the tensor-core kernels use: cp.async
 // (global -> shared without registers), ldmatrix (shared -> mma fragments), mma.sync
-// m16n8k16 with fp32 accumulators, ex2.approx and the f32 -> 16-bit pair conversions.
+// m16n8k16 with fp32 accumulators, ex2.approx, tanh.approx and the f32 -> 16-bit pair
+// conversions.
 // Each wrapper is one instruction; the fragment layouts are those of the PTX ISA
 // ("Matrix Fragments for mma.m16n8k16").
 #pragma once
@@ -99,5 +100,15 @@ __device__ __forceinline__ float exp2_approx(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+
+// tanh on the special-function unit (one MUFU.TANH, sm_75+): relative error about 2^-11,
+// below the rounding of fp16/bf16 logits. A functor, to pass as LogitsTransform's tanh.
+struct TanhApprox {
+  __device__ __forceinline__ float operator()(float x) const {
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+  }
+};
 
 }  // namespace flashtile::detail::ptx
