@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "cuda/device_guard.cuh"
 #include "cuda/03_mma/traits.cuh"
 
 namespace flashtile::detail {
@@ -89,7 +90,7 @@ void run_for_dtype(const AttentionParams& p, cudaStream_t stream) {
 }
 
 void run_mma(const AttentionParams& p) {
-  check_cuda(cudaSetDevice(p.device_index), "cudaSetDevice");
+  const DeviceGuard on_device(p.device_index);
   auto stream = static_cast<cudaStream_t>(p.stream);
   switch (mma::specialised_head_dim(p.head_dim)) {
     case 64: run_for_dtype<64>(p, stream); break;
