@@ -16,8 +16,11 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "api/backend.hpp"
+#include "attn/block_range.hpp"
+#include "attn/seqlen.hpp"
 #include "cpu/flash.hpp"
 
 #if FLASHTILE_WITH_HWY
@@ -36,51 +39,85 @@ std::string flash_unavailable() {
 }
 
 std::string flash_unsupported(const AttentionParams& p) {
-  if (std::string why = journey_unsupported(p, "cpu_flash"); !why.empty()) return why;
-  if (p.head_dim % cpu_flash::kHeadDimMultiple != 0 || p.head_dim > cpu_flash::kMaxHeadDim)
-    return "head_dim must be a multiple of " + std::to_string(cpu_flash::kHeadDimMultiple) +
-           " up to " + std::to_string(cpu_flash::kMaxHeadDim) + ", got " +
+  if (p.head_dim > cpu_flash::kMaxHeadDim)
+    return "head_dim must be at most " + std::to_string(cpu_flash::kMaxHeadDim) + ", got " +
            std::to_string(p.head_dim);
   return "";
 }
 
 #if FLASHTILE_WITH_HWY
 
-int64_t query_blocks(const AttentionParams& p, const cpu_flash::Geometry& g) {
-  return (p.seqlen_q + g.block_m - 1) / g.block_m;
+// One query block of one sequence, and its weight: the key blocks it visits.
+struct QueryBlockTask {
+  int64_t batch, block, key_blocks;
+};
+
+int64_t query_blocks(const SeqlenInfo<int64_t>& seq, const cpu_flash::Geometry& g) {
+  return (seq.seqlen_q + g.block_m - 1) / g.block_m;
 }
 
-// One scratch per thread that has work; no more threads than tasks.
-int thread_count(const AttentionParams& p, const cpu_flash::Geometry& g) {
-  const int64_t tasks = p.batch * p.heads_q * query_blocks(p, g);
-  return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), tasks));
+// Query blocks of every sequence (every batch entry when dense).
+int64_t task_count(const AttentionParams& p, const cpu_flash::Geometry& g) {
+  int64_t count = 0;
+  for (int64_t b = 0; b < p.batch; ++b) count += query_blocks(SeqlenInfo<int64_t>(p, b), g);
+  return count;
 }
 
+// The query blocks of every sequence, heaviest first: under a causal mask the last blocks
+// of a sequence see the most keys, in a varlen batch the longest sequences do, and they are
+// handed out first so that the light ones fill the gaps at the end (longest-processing-time
+// order). Ties keep sequence and block order, so neighbouring tasks share K/V.
+std::vector<QueryBlockTask> schedule(const AttentionParams& p, const cpu_flash::Geometry& g) {
+  std::vector<QueryBlockTask> tasks;
+  tasks.reserve(static_cast<size_t>(task_count(p, g)));
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const SeqlenInfo<int64_t> seq(p, b);
+    const Mask<int64_t> mask = seq.mask(p);
+    for (int64_t qb = 0; qb < query_blocks(seq, g); ++qb) {
+      const int64_t i0 = qb * g.block_m, i1 = std::min(i0 + g.block_m, seq.seqlen_q);
+      tasks.push_back({b, qb, key_blocks(mask, i0, i1, g.block_n).count()});
+    }
+  }
+  std::sort(tasks.begin(), tasks.end(), [](const QueryBlockTask& x, const QueryBlockTask& y) {
+    if (x.key_blocks != y.key_blocks) return x.key_blocks > y.key_blocks;
+    return x.batch != y.batch ? x.batch < y.batch : x.block < y.block;
+  });
+  return tasks;
+}
+
+// One scratch per thread that has work; no more threads than tasks (query blocks × heads).
+int thread_count(const AttentionParams& p, int64_t query_block_tasks) {
+  return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), query_block_tasks * p.heads_q));
+}
+
+// The per-thread scratch and the schedule.
 int64_t flash_workspace_bytes(const AttentionParams& p) {
   const cpu_flash::Geometry g = cpu_flash::geometry(p.head_dim);
-  return thread_count(p, g) * g.scratch_floats * int64_t(sizeof(float));
+  const int64_t tasks = task_count(p, g);
+  return thread_count(p, tasks) * g.scratch_floats * int64_t(sizeof(float)) +
+         tasks * int64_t(sizeof(QueryBlockTask));
 }
 
 void run_flash(const AttentionParams& p) {
   const cpu_flash::Geometry g = cpu_flash::geometry(p.head_dim);
   const cpu_flash::QueryBlockFn kernel = cpu_flash::query_block_kernel();
-  const int threads = thread_count(p, g);
+  const std::vector<QueryBlockTask> tasks = schedule(p, g);
+  const int threads = thread_count(p, int64_t(tasks.size()));
+  if (threads == 0) return;  // no query rows at all
   auto scratch = hwy::AllocateAligned<float>(static_cast<size_t>(threads * g.scratch_floats));
   if (!scratch) throw Error(ErrorKind::runtime, "cpu_flash: out of memory for its scratch");
 
-  const int64_t heads = p.heads_q, batch_heads = p.batch * heads;
-  const int64_t blocks = query_blocks(p, g), tasks = batch_heads * blocks;
+  const int64_t heads = p.heads_q, total = int64_t(tasks.size()) * heads;
 #pragma omp parallel num_threads(threads)
   {
     float* mine = scratch.get() + omp_get_thread_num() * g.scratch_floats;
-    // Heaviest first: under a causal mask the last query blocks see the most keys, so
-    // they are handed out first and the short ones fill the gaps at the end
-    // (longest-processing-time order). Each task's arithmetic does not depend on which
-    // thread runs it, so the output is bitwise the same for any thread count.
+    // The heads of a query block are neighbours in the order. Each task's arithmetic does
+    // not depend on which thread runs it, so the output is bitwise the same for any thread
+    // count.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t bh = t / blocks, qb = blocks - 1 - t % blocks;
-      kernel(p, bh / heads, bh % heads, qb, mine);
+    for (int64_t t = 0; t < total; ++t) {
+      const QueryBlockTask& task = tasks[t / heads];
+      kernel(p, task.batch, t % heads, task.block, mine);
     }
   }
 }
