@@ -42,6 +42,8 @@ std::vector<std::string> available_targets();
 bool force_target(const std::string& name);
 // y[i] = the kernels' vectorised exp(x[i]).
 void vector_exp(const float* x, float* y, size_t n);
+// y[i] = the kernels' vectorised tanh(x[i]) (the softcap's).
+void vector_tanh(const float* x, float* y, size_t n);
 // The kernels' lane-wise online-softmax step over a block of scores laid out as
 // scores[j * rows + r] (key j, query row r; rows a multiple of `lanes`):
 // rescales m[r], l[r] (returning alpha[r]) and turns scores into probabilities in place.

@@ -155,6 +155,47 @@ HWY_INLINE hn::Vec<D> FastExp(D d, hn::Vec<D> x) {
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, kMinExpArg)), hn::Mul(e_r, two_n));
 }
 
+// ---- vectorised tanh, for the softcap ----------------------------------------------------
+// 1/x from the CPU's reciprocal estimate and Newton steps r <- r·(2 - x·r): the estimate has
+// 14 bits on AVX-512 and 12 on AVX2/SSE4 (one step: ~24), 8 on NEON (two steps); the
+// portable targets divide. A zmm divide would issue once per 10 cycles, once per score.
+template <class D>
+HWY_INLINE hn::Vec<D> Reciprocal(D d, hn::Vec<D> x) {
+#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+  return hn::Div(hn::Set(d, 1.0f), x);
+#else
+  auto r = hn::ApproximateReciprocal(x);
+  constexpr int kSteps = HWY_TARGET == HWY_NEON ? 2 : 1;
+  for (int i = 0; i < kSteps; ++i) r = hn::Mul(r, hn::NegMulAdd(x, r, hn::Set(d, 2.0f)));
+  return r;
+#endif
+}
+
+// tanh(x) = x·P(x²) / Q(x²) for |x| < 9, and ±1 beyond (tanh(9) is 1 - 3e-8). P (degree 6)
+// and Q (degree 3) were fitted for relative error (Sanathanan–Koerner least squares, then
+// Lawson reweighting towards minimax; 6.6e-9 in exact arithmetic) by the script in
+// docs/JOURNEY.md (cpu_flash: variants); evaluated in float with FMA the error is at most
+// 5.2 ulp (3.1e-7) on [0, 9], like Highway's Tanh (4 ulp), in about 20 operations instead
+// of its ~35 (an expm1 and a divide). The compare is false for NaN, so NaN stays NaN.
+template <class D>
+HWY_INLINE hn::Vec<D> FastTanh(D d, hn::Vec<D> x) {
+  const auto x2 = hn::Mul(x, x);
+  auto p = hn::Set(d, -8.489075328e-14f);
+  p = hn::MulAdd(p, x2, hn::Set(d, 5.278107118e-11f));
+  p = hn::MulAdd(p, x2, hn::Set(d, -2.022558832e-08f));
+  p = hn::MulAdd(p, x2, hn::Set(d, 1.115440500e-05f));
+  p = hn::MulAdd(p, x2, hn::Set(d, 3.103965893e-03f));
+  p = hn::MulAdd(p, x2, hn::Set(d, 1.308401823e-01f));
+  p = hn::MulAdd(p, x2, hn::Set(d, 1.0f));
+  auto q = hn::Set(d, 2.546159085e-04f);
+  q = hn::MulAdd(q, x2, hn::Set(d, 2.449521795e-02f));
+  q = hn::MulAdd(q, x2, hn::Set(d, 4.641734660e-01f));
+  q = hn::MulAdd(q, x2, hn::Set(d, 1.0f));
+  const auto ratio = hn::Mul(hn::Mul(x, p), Reciprocal(d, q));
+  const auto saturated = hn::Ge(hn::Abs(x), hn::Set(d, 9.0f));  // also x = ±inf, x² = inf
+  return hn::IfThenElse(saturated, hn::CopySignToAbs(hn::Set(d, 1.0f), x), ratio);
+}
+
 // ---- the online-softmax step, L rows at a time ----------------------------------------
 // Lane-wise online_softmax_rescale (attn/softmax_state.hpp): m_new = max(m, block max);
 // lanes that have seen nothing (m_new = -inf) keep alpha = 1, the others get
@@ -261,12 +302,53 @@ struct BlockLogits {
 };
 
 // ---- Q·Kᵀ micro-kernel ----------------------------------------------------------------
+// Lane-wise mask of one vector of S^T: key j of the block against the rows whose bounds
+// are lo, hi (BlockVisibility).
+HWY_INLINE VF MaskLanes(DF df, VF scores, VF lo, VF hi, VF j) {
+  const auto seen = hn::And(hn::Le(lo, j), hn::Gt(hi, j));
+  return hn::IfThenElse(seen, scores, hn::Set(df, -std::numeric_limits<float>::infinity()));
+}
+
+// The softcap and ALiBi of Flags, the mask (when `masked`) and the block max, over a tile
+// already stored in S^T: one vector at a time from L1. Folded into the register epilogue of
+// QkTile instead, these made GCC keep the accumulators in memory through the whole Q·Kᵀ
+// loop (one store per accumulator per channel: 1.7x slower end to end).
+template <int kKeys, int kVecs, class Flags>
+HWY_NOINLINE void TileLogits(float* HWY_RESTRICT st, float* HWY_RESTRICT bmax, int64_t row,
+                             int64_t key, const BlockLogits& logits, const BlockVisibility& vis,
+                             bool masked) {
+  const DF df;
+  constexpr int64_t ld = Tiles::kBlockM;
+  const VF cap = hn::Set(df, logits.softcap), slope = hn::Set(df, logits.slope);
+  // Lane i of vector v, key r: i + offset - j = tile corner + v·L + i - r (exact in float
+  // while sequences stay below 2^24 keys).
+  const float corner = static_cast<float>(logits.corner_distance + row - key);
+  for (int v = 0; v < kVecs; ++v) {
+    const int64_t lane0 = row + v * kLanes;
+    VF mx = hn::Load(df, bmax + lane0);
+    for (int r = 0; r < kKeys; ++r) {
+      float* at = st + (key + r) * ld + lane0;
+      VF s = hn::Load(df, at);
+      if constexpr (Flags::kSoftcap) s = hn::Mul(FastTanh(df, s), cap);
+      if constexpr (Flags::kAlibi)
+        s = hn::NegMulAdd(slope, hn::Abs(hn::Iota(df, corner + float(v * kLanes - r))), s);
+      if (masked)
+        s = MaskLanes(df, s, hn::Load(df, vis.lo + lane0), hn::Load(df, vis.hi + lane0),
+                      hn::Set(df, static_cast<float>(key + r)));
+      hn::Store(s, df, at);
+      mx = hn::Max(mx, s);
+    }
+    hn::Store(mx, df, bmax + lane0);
+  }
+}
+
 // S^T tile (kKeys, kVecs·L) = K rows [key, key + kKeys) (kKeys, d) · Q^T columns
 // [row, row + kVecs·L) (d, kVecs·L): per channel c, kVecs loads of Q^T, kKeys broadcasts of
 // K[j][c], kKeys·kVecs FMAs. The epilogue applies the logits features of Flags
 // (attn/features.hpp), sets the scores the rows do not see to -inf (only when `masked`),
 // and folds the tile into the block's per-row maximum, so the softmax needs no separate
-// pass for the max. k and st point at the block's first key, qt and bmax at row 0.
+// pass for the max. Plain logits do this in registers; softcap and ALiBi in TileLogits.
+// k and st point at the block's first key, qt and bmax at row 0.
 template <int kKeys, int kVecs, class Flags>
 HWY_INLINE void QkTile(const float* HWY_RESTRICT k, int64_t d, const float* HWY_RESTRICT qt,
                        float* HWY_RESTRICT st, float* HWY_RESTRICT bmax, int64_t row,
@@ -286,24 +368,14 @@ HWY_INLINE void QkTile(const float* HWY_RESTRICT k, int64_t d, const float* HWY_
       for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(kc, q[v], acc[r][v]);
     }
   }
-  if constexpr (Flags::kSoftcap) {
-    const VF cap = hn::Set(df, logits.softcap);
+  if constexpr (!Flags::kPlain) {
     for (int r = 0; r < kKeys; ++r)
-      for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::Mul(hn::Tanh(df, acc[r][v]), cap);
-  }
-  if constexpr (Flags::kAlibi) {
-    // Lane i of vector v, key r: i + offset - j = tile corner + v·L + i - r (exact in float
-    // while sequences stay below 2^24 keys).
-    const VF slope = hn::Set(df, logits.slope);
-    const float corner = static_cast<float>(logits.corner_distance + row - key);
-    for (int r = 0; r < kKeys; ++r)
-      for (int v = 0; v < kVecs; ++v) {
-        const VF signed_distance = hn::Iota(df, corner + float(v * kLanes - r));
-        acc[r][v] = hn::NegMulAdd(slope, hn::Abs(signed_distance), acc[r][v]);
-      }
+      for (int v = 0; v < kVecs; ++v)
+        hn::Store(acc[r][v], df, st + (key + r) * ld + row + v * kLanes);
+    TileLogits<kKeys, kVecs, Flags>(st, bmax, row, key, logits, vis, masked);
+    return;
   }
   if (masked) {
-    const VF neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
     VF lo[kVecs], hi[kVecs];
     for (int v = 0; v < kVecs; ++v) {
       lo[v] = hn::Load(df, vis.lo + row + v * kLanes);
@@ -311,10 +383,7 @@ HWY_INLINE void QkTile(const float* HWY_RESTRICT k, int64_t d, const float* HWY_
     }
     for (int r = 0; r < kKeys; ++r) {
       const VF j = hn::Set(df, static_cast<float>(key + r));
-      for (int v = 0; v < kVecs; ++v) {
-        const auto seen = hn::And(hn::Le(lo[v], j), hn::Gt(hi[v], j));
-        acc[r][v] = hn::IfThenElse(seen, acc[r][v], neg_inf);
-      }
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = MaskLanes(df, acc[r][v], lo[v], hi[v], j);
     }
   }
   for (int v = 0; v < kVecs; ++v) {
@@ -562,6 +631,18 @@ inline void VectorExp(const float* x, float* y, size_t n) {
     HWY_ALIGN float buf[kLanes] = {};
     std::copy(x + i, x + n, buf);
     hn::Store(FastExp(df, hn::Load(df, buf)), df, buf);
+    std::copy(buf, buf + (n - i), y + i);
+  }
+}
+
+inline void VectorTanh(const float* x, float* y, size_t n) {
+  const DF df;
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) hn::StoreU(FastTanh(df, hn::LoadU(df, x + i)), df, y + i);
+  if (i < n) {
+    HWY_ALIGN float buf[kLanes] = {};
+    std::copy(x + i, x + n, buf);
+    hn::Store(FastTanh(df, hn::Load(df, buf)), df, buf);
     std::copy(buf, buf + (n - i), y + i);
   }
 }

@@ -516,6 +516,39 @@ TEST(CpuFlash, VectorExpIsWithinTwoUlp) {
   EXPECT_EQ(nan_out[1], 1.0f);
 }
 
+TEST(CpuFlash, VectorTanhIsWithinSevenUlpOnEveryTarget) {
+  SKIP_WITHOUT_CPU_FLASH();
+  std::vector<float> x;
+  for (float v = -12.0f; v <= 12.0f; v += 0.00037f) x.push_back(v);
+  for (float v = 1e-30f; v < 1.0f; v *= 1.7f) x.insert(x.end(), {v, -v});
+  for (float v : {0.0f, 8.999999f, 9.0f, 1e20f, -1e20f, std::numeric_limits<float>::max()})
+    x.push_back(v);
+  const size_t n = x.size();
+  std::vector<float> y(n);
+  TargetGuard guard;
+  for (const std::string& target : detail::cpu_flash::available_targets()) {
+    SCOPED_TRACE(target);
+    ASSERT_TRUE(detail::cpu_flash::force_target(target));
+    detail::cpu_flash::vector_tanh(x.data(), y.data(), n);
+    double worst_ulp = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double exact = std::tanh(double(x[i]));
+      const double ulp = std::nextafter(std::fabs(float(exact)), 2.0f) - std::fabs(float(exact));
+      worst_ulp = std::max(worst_ulp, std::fabs(y[i] - exact) / ulp);
+    }
+    std::cout << target << ": tanh within " << worst_ulp << " ulp\n";
+    EXPECT_LT(worst_ulp, 7.0);  // 5.2 from the fit in float, ~1 more from a 12-bit estimate
+    const float inf = std::numeric_limits<float>::infinity();
+    const float edge[] = {inf, -inf, std::numeric_limits<float>::quiet_NaN(), -0.0f};
+    float out[4];
+    detail::cpu_flash::vector_tanh(edge, out, 4);
+    EXPECT_EQ(out[0], 1.0f);
+    EXPECT_EQ(out[1], -1.0f);
+    EXPECT_TRUE(std::isnan(out[2]));
+    EXPECT_EQ(out[3], 0.0f);
+  }
+}
+
 TEST(CpuFlash, LaneWiseOnlineSoftmaxMatchesTheSharedScalarUpdate) {
   SKIP_WITHOUT_CPU_FLASH();
   const int64_t lanes = detail::cpu_flash::geometry(64).lanes;
