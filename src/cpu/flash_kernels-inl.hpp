@@ -269,9 +269,16 @@ struct BlockVisibility {
     const int64_t begin = static_cast<int64_t>(lo[r0]), end = static_cast<int64_t>(hi[r1 - 1]);
     return {begin, std::max(begin, end)};
   }
+  // Keys every row of [r0, r1) sees (empty: begin = end).
+  KeySpan seen_by_all(int64_t r0, int64_t r1) const {
+    if (!masked()) return {0, keys};
+    const int64_t begin = static_cast<int64_t>(lo[r1 - 1]), end = static_cast<int64_t>(hi[r0]);
+    return {begin, std::max(begin, end)};
+  }
   // Whether every row of [r0, r1) sees every key of [j0, j1).
   bool all_see(int64_t r0, int64_t r1, int64_t j0, int64_t j1) const {
-    return !masked() || (lo[r1 - 1] <= float(j0) && float(j1) <= hi[r0]);
+    const KeySpan all = seen_by_all(r0, r1);
+    return all.begin <= j0 && j1 <= all.end;
   }
 };
 
@@ -423,38 +430,67 @@ HWY_INLINE void PvTile(const float* HWY_RESTRICT pt, int64_t keys, const float* 
     for (int c = 0; c < kVecs; ++c) hn::Store(acc[r][c], df, o + r * o_stride + c * kLanes);
 }
 
-// The tile for the last `n` (< kPvChanVecs) channel vectors of a row group.
-template <int kVecs = Tiles::kPvChanVecs - 1>
+// The tile for the last `n` (< kPvChanVecs) channel vectors of kRows rows.
+template <int kRows, int kVecs = Tiles::kPvChanVecs - 1>
 HWY_INLINE void PvTailTile(int n, const float* pt, int64_t keys, const float* v, int64_t v_stride,
                            const float* alpha, float* o, int64_t o_stride) {
   if constexpr (kVecs > 0) {
     if (n == kVecs)
-      PvTile<Tiles::kPvRows, kVecs>(pt, keys, v, v_stride, alpha, o, o_stride);
+      PvTile<kRows, kVecs>(pt, keys, v, v_stride, alpha, o, o_stride);
     else
-      PvTailTile<kVecs - 1>(n, pt, keys, v, v_stride, alpha, o, o_stride);
+      PvTailTile<kRows, kVecs - 1>(n, pt, keys, v, v_stride, alpha, o, o_stride);
   }
 }
 
-// O (kBlockM, dpad) = alpha · O + P · V over one key block; row group [i, i + kPvRows)
-// takes the keys its rows see between them (inside what its Q·Kᵀ group computed; P is 0
-// at the keys a row of the group does not see).
+// O rows (kRows, dpad) = alpha · O + P (kRows, keys) · V (keys, dpad), every channel vector.
+template <int kRows>
+HWY_INLINE void PvRows(const float* HWY_RESTRICT pt, int64_t keys, const float* HWY_RESTRICT v,
+                       int64_t v_stride, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o,
+                       int64_t dpad) {
+  constexpr int kVecs = Tiles::kPvChanVecs;
+  const int64_t nvec = dpad / kLanes;
+  int64_t c = 0;
+  for (; c + kVecs <= nvec; c += kVecs)
+    PvTile<kRows, kVecs>(pt, keys, v + c * kLanes, v_stride, alpha, o + c * kLanes, dpad);
+  if (c < nvec)
+    PvTailTile<kRows>(static_cast<int>(nvec - c), pt, keys, v + c * kLanes, v_stride, alpha,
+                      o + c * kLanes, dpad);
+}
+
+// O (kBlockM, dpad) = alpha · O + P · V over one key block, kPvRows rows at a time. A row
+// multiplies only the values of keys it sees: a P of 0 times a NaN or Inf value would make
+// a row NaN from a key it does not read. So the group takes the keys all its rows see in one
+// tile, and where the mask cuts the group (on a masked block's diagonal or window edge),
+// each row adds its own remaining keys (at most kPvRows - 1 on each side).
 HWY_INLINE void PvBlock(const float* HWY_RESTRICT pt, const BlockVisibility& vis,
                         const float* HWY_RESTRICT v, int64_t v_stride,
                         const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o, int64_t dpad) {
-  constexpr int kRows = Tiles::kPvRows, kVecs = Tiles::kPvChanVecs;
+  constexpr int kRows = Tiles::kPvRows;
   constexpr int64_t M = Tiles::kBlockM;
-  const int64_t nvec = dpad / kLanes;
+  static const float kNoRescale = 1.0f;  // alpha for a row's second pass
+  // Keys [span.begin, span.end) for rows [i, i + rows) from row i of O.
+  const auto add = [&](auto rows_tag, int64_t i, KeySpan span, const float* a) {
+    PvRows<decltype(rows_tag)::value>(pt + span.begin * M + i, span.size(),
+                                      v + span.begin * v_stride, v_stride, a, o + i * dpad, dpad);
+  };
+  using Group = std::integral_constant<int, kRows>;
+  using Row = std::integral_constant<int, 1>;
   for (int64_t i = 0; i < M; i += kRows) {
-    const KeySpan span = vis.seen_by_any(i, i + kRows);
-    const float* p_span = pt + span.begin * M + i;
-    const float* v_span = v + span.begin * v_stride;
-    int64_t c = 0;
-    for (; c + kVecs <= nvec; c += kVecs)
-      PvTile<kRows, kVecs>(p_span, span.size(), v_span + c * kLanes, v_stride, alpha + i,
-                           o + i * dpad + c * kLanes, dpad);
-    if (c < nvec)
-      PvTailTile(static_cast<int>(nvec - c), p_span, span.size(), v_span + c * kLanes, v_stride,
-                 alpha + i, o + i * dpad + c * kLanes, dpad);
+    const KeySpan any = vis.seen_by_any(i, i + kRows), all = vis.seen_by_all(i, i + kRows);
+    if (all.begin == any.begin && all.end == any.end) {
+      add(Group{}, i, any, alpha + i);
+      continue;
+    }
+    add(Group{}, i, all, alpha + i);  // may be empty: then only alpha is applied
+    for (int64_t r = i; r < i + kRows; ++r) {
+      const KeySpan own = vis.seen_by_any(r, r + 1);
+      if (all.size() == 0) {
+        add(Row{}, r, own, &kNoRescale);
+        continue;
+      }
+      add(Row{}, r, {own.begin, std::max(own.begin, all.begin)}, &kNoRescale);
+      add(Row{}, r, {std::min(all.end, own.end), own.end}, &kNoRescale);
+    }
   }
 }
 
