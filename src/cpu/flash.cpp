@@ -107,17 +107,19 @@ void run_flash(const AttentionParams& p) {
   auto scratch = hwy::AllocateAligned<float>(static_cast<size_t>(threads * g.scratch_floats));
   if (!scratch) throw Error(ErrorKind::runtime, "cpu_flash: out of memory for its scratch");
 
-  const int64_t heads = p.heads_q, total = int64_t(tasks.size()) * heads;
+  const int64_t count = int64_t(tasks.size()), total = count * p.heads_q;
 #pragma omp parallel num_threads(threads)
   {
     float* mine = scratch.get() + omp_get_thread_num() * g.scratch_floats;
-    // The heads of a query block are neighbours in the order. Each task's arithmetic does
-    // not depend on which thread runs it, so the output is bitwise the same for any thread
-    // count.
+    // Head by head, each in the schedule's order: consecutive tasks then read the same
+    // head's K/V, still in cache (the heads inside each query block instead measured 5-7%
+    // slower, causal N=16384 d=64, one thread, interleaved runs). Each task's arithmetic
+    // does not depend on which thread runs it, so the output is bitwise the same for any
+    // thread count.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < total; ++t) {
-      const QueryBlockTask& task = tasks[t / heads];
-      kernel(p, task.batch, t % heads, task.block, mine);
+      const QueryBlockTask& task = tasks[t % count];
+      kernel(p, task.batch, t / count, task.block, mine);
     }
   }
 }
