@@ -404,13 +404,49 @@ HWY_INLINE void QkTile(const float* HWY_RESTRICT k, int64_t d, const float* HWY_
 }
 
 // ---- P·V micro-kernel -----------------------------------------------------------------
+// The keys of a block that a group of P·V rows takes: `any` (those some row sees) with
+// `all` (those every row sees) inside it. A key of `any` outside `all` reaches row r only
+// when lo[r] <= j < hi[r] (BlockVisibility bounds from the group's first row): a row must
+// not multiply the value of a key it does not see, since 0 · NaN or 0 · Inf is NaN.
+struct PvKeys {
+  KeySpan any, all;
+  const float* lo = nullptr;  // null when all == any
+  const float* hi = nullptr;
+};
+
+// acc (kRows, kVecs·L) += P · V over keys [j_begin, j_end); kRagged: row r adds key j only
+// when it sees it (PvKeys).
+template <bool kRagged, int kRows, int kVecs>
+HWY_INLINE void PvAddKeys(VF (&acc)[kRows][kVecs], const float* HWY_RESTRICT pt,
+                          int64_t j_begin, int64_t j_end, const float* HWY_RESTRICT v,
+                          int64_t v_stride, const PvKeys& keys) {
+  const DF df;
+  for (int64_t j = j_begin; j < j_end; ++j) {
+    VF x[kVecs];
+    for (int c = 0; c < kVecs; ++c) x[c] = hn::LoadU(df, v + j * v_stride + c * kLanes);
+    for (int r = 0; r < kRows; ++r) {
+      const VF p = hn::Set(df, pt[j * Tiles::kBlockM + r]);
+      if constexpr (kRagged) {
+        const bool seen = keys.lo[r] <= float(j) && float(j) < keys.hi[r];
+        const auto keep = hn::FirstN(df, seen ? kLanes : 0);
+        for (int c = 0; c < kVecs; ++c)
+          acc[r][c] = hn::IfThenElse(keep, hn::MulAdd(p, x[c], acc[r][c]), acc[r][c]);
+      } else {
+        for (int c = 0; c < kVecs; ++c) acc[r][c] = hn::MulAdd(p, x[c], acc[r][c]);
+      }
+    }
+  }
+}
+
 // O tile (kRows, kVecs·L) = alpha · O + P (kRows, keys) · V (keys, kVecs·L): per key j,
 // kVecs loads of V[j], kRows broadcasts of P[i][j] = P^T[j][i], kRows·kVecs FMAs. The
-// online softmax's rescale of O rides along with the accumulator load.
+// online softmax's rescale of O rides along with the accumulator load. The (at most
+// kRows - 1 on each side) keys of keys.any outside keys.all select per row whether to add.
+// pt points at the group's first row of the block's P^T, v at key 0 of the block.
 template <int kRows, int kVecs>
-HWY_INLINE void PvTile(const float* HWY_RESTRICT pt, int64_t keys, const float* HWY_RESTRICT v,
-                       int64_t v_stride, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o,
-                       int64_t o_stride) {
+HWY_INLINE void PvTile(const float* HWY_RESTRICT pt, const PvKeys& keys,
+                       const float* HWY_RESTRICT v, int64_t v_stride,
+                       const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o, int64_t o_stride) {
   const DF df;
   VF acc[kRows][kVecs];
   for (int r = 0; r < kRows; ++r) {
@@ -418,79 +454,49 @@ HWY_INLINE void PvTile(const float* HWY_RESTRICT pt, int64_t keys, const float* 
     for (int c = 0; c < kVecs; ++c)
       acc[r][c] = hn::Mul(hn::Load(df, o + r * o_stride + c * kLanes), a);
   }
-  for (int64_t j = 0; j < keys; ++j) {
-    VF x[kVecs];
-    for (int c = 0; c < kVecs; ++c) x[c] = hn::LoadU(df, v + j * v_stride + c * kLanes);
-    for (int r = 0; r < kRows; ++r) {
-      const VF p = hn::Set(df, pt[j * Tiles::kBlockM + r]);
-      for (int c = 0; c < kVecs; ++c) acc[r][c] = hn::MulAdd(p, x[c], acc[r][c]);
-    }
-  }
+  PvAddKeys<true>(acc, pt, keys.any.begin, keys.all.begin, v, v_stride, keys);
+  PvAddKeys<false>(acc, pt, keys.all.begin, keys.all.end, v, v_stride, keys);
+  PvAddKeys<true>(acc, pt, keys.all.end, keys.any.end, v, v_stride, keys);
   for (int r = 0; r < kRows; ++r)
     for (int c = 0; c < kVecs; ++c) hn::Store(acc[r][c], df, o + r * o_stride + c * kLanes);
 }
 
-// The tile for the last `n` (< kPvChanVecs) channel vectors of kRows rows.
-template <int kRows, int kVecs = Tiles::kPvChanVecs - 1>
-HWY_INLINE void PvTailTile(int n, const float* pt, int64_t keys, const float* v, int64_t v_stride,
-                           const float* alpha, float* o, int64_t o_stride) {
+// The tile for the last `n` (< kPvChanVecs) channel vectors of a row group.
+template <int kVecs = Tiles::kPvChanVecs - 1>
+HWY_INLINE void PvTailTile(int n, const float* pt, const PvKeys& keys, const float* v,
+                           int64_t v_stride, const float* alpha, float* o, int64_t o_stride) {
   if constexpr (kVecs > 0) {
     if (n == kVecs)
-      PvTile<kRows, kVecs>(pt, keys, v, v_stride, alpha, o, o_stride);
+      PvTile<Tiles::kPvRows, kVecs>(pt, keys, v, v_stride, alpha, o, o_stride);
     else
-      PvTailTile<kRows, kVecs - 1>(n, pt, keys, v, v_stride, alpha, o, o_stride);
+      PvTailTile<kVecs - 1>(n, pt, keys, v, v_stride, alpha, o, o_stride);
   }
 }
 
-// O rows (kRows, dpad) = alpha · O + P (kRows, keys) · V (keys, dpad), every channel vector.
-template <int kRows>
-HWY_INLINE void PvRows(const float* HWY_RESTRICT pt, int64_t keys, const float* HWY_RESTRICT v,
-                       int64_t v_stride, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o,
-                       int64_t dpad) {
-  constexpr int kVecs = Tiles::kPvChanVecs;
-  const int64_t nvec = dpad / kLanes;
-  int64_t c = 0;
-  for (; c + kVecs <= nvec; c += kVecs)
-    PvTile<kRows, kVecs>(pt, keys, v + c * kLanes, v_stride, alpha, o + c * kLanes, dpad);
-  if (c < nvec)
-    PvTailTile<kRows>(static_cast<int>(nvec - c), pt, keys, v + c * kLanes, v_stride, alpha,
-                      o + c * kLanes, dpad);
-}
-
-// O (kBlockM, dpad) = alpha · O + P · V over one key block, kPvRows rows at a time. A row
-// multiplies only the values of keys it sees: a P of 0 times a NaN or Inf value would make
-// a row NaN from a key it does not read. So the group takes the keys all its rows see in one
-// tile, and where the mask cuts the group (on a masked block's diagonal or window edge),
-// each row adds its own remaining keys (at most kPvRows - 1 on each side).
+// O (kBlockM, dpad) = alpha · O + P · V over one key block; row group [i, i + kPvRows)
+// takes the keys its rows see (PvKeys: all of them whole, the mask's edge row by row).
 HWY_INLINE void PvBlock(const float* HWY_RESTRICT pt, const BlockVisibility& vis,
                         const float* HWY_RESTRICT v, int64_t v_stride,
                         const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o, int64_t dpad) {
-  constexpr int kRows = Tiles::kPvRows;
-  constexpr int64_t M = Tiles::kBlockM;
-  static const float kNoRescale = 1.0f;  // alpha for a row's second pass
-  // Keys [span.begin, span.end) for rows [i, i + rows) from row i of O.
-  const auto add = [&](auto rows_tag, int64_t i, KeySpan span, const float* a) {
-    PvRows<decltype(rows_tag)::value>(pt + span.begin * M + i, span.size(),
-                                      v + span.begin * v_stride, v_stride, a, o + i * dpad, dpad);
-  };
-  using Group = std::integral_constant<int, kRows>;
-  using Row = std::integral_constant<int, 1>;
-  for (int64_t i = 0; i < M; i += kRows) {
-    const KeySpan any = vis.seen_by_any(i, i + kRows), all = vis.seen_by_all(i, i + kRows);
-    if (all.begin == any.begin && all.end == any.end) {
-      add(Group{}, i, any, alpha + i);
-      continue;
+  constexpr int kRows = Tiles::kPvRows, kVecs = Tiles::kPvChanVecs;
+  const int64_t nvec = dpad / kLanes;
+  for (int64_t i = 0; i < Tiles::kBlockM; i += kRows) {
+    PvKeys keys{vis.seen_by_any(i, i + kRows), vis.seen_by_any(i, i + kRows)};
+    if (vis.masked()) {
+      const KeySpan all = vis.seen_by_all(i, i + kRows);
+      // Inside `any` (a group whose rows see disjoint keys has an empty `all`).
+      keys.all.begin = std::clamp(all.begin, keys.any.begin, keys.any.end);
+      keys.all.end = std::clamp(all.end, keys.all.begin, keys.any.end);
+      keys.lo = vis.lo + i;
+      keys.hi = vis.hi + i;
     }
-    add(Group{}, i, all, alpha + i);  // may be empty: then only alpha is applied
-    for (int64_t r = i; r < i + kRows; ++r) {
-      const KeySpan own = vis.seen_by_any(r, r + 1);
-      if (all.size() == 0) {
-        add(Row{}, r, own, &kNoRescale);
-        continue;
-      }
-      add(Row{}, r, {own.begin, std::max(own.begin, all.begin)}, &kNoRescale);
-      add(Row{}, r, {std::min(all.end, own.end), own.end}, &kNoRescale);
-    }
+    int64_t c = 0;
+    for (; c + kVecs <= nvec; c += kVecs)
+      PvTile<kRows, kVecs>(pt + i, keys, v + c * kLanes, v_stride, alpha + i,
+                           o + i * dpad + c * kLanes, dpad);
+    if (c < nvec)
+      PvTailTile(static_cast<int>(nvec - c), pt + i, keys, v + c * kLanes, v_stride, alpha + i,
+                 o + i * dpad + c * kLanes, dpad);
   }
 }
 
