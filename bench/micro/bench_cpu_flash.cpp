@@ -3,8 +3,10 @@
 //   pv/<target>/<d>      one key block of O = alpha·O + P·V (the P·V micro-kernel), FLOP/s
 //   exp/<target>         the kernels' vectorised exp, floats/s
 //   hwy_exp/<target>     Highway's contrib Exp for comparison, floats/s
-//   forward/<backend>/N/d/causal/threads/H  whole forward() calls (batch 1), FLOP/s with
-//                          FLOPs = 4·B·H·N²·d, halved when causal
+//   forward/<backend>/N/d/causal/threads/H/window_left/features  whole forward() calls
+//                          (batch 1, fp32; window_left -1 = none, features: 1 softcap 30,
+//                          2 ALiBi), FLOP/s with FLOPs = 4·B·H·pairs·d: pairs = N² for
+//                          full, N²/2 causal, what a causal (left, 0) window leaves
 // Run e.g. `flashtile_micro_bench --benchmark_filter=qk` or `=forward/cpu_flash/4096`.
 // Figures are what the library's own tiles do: the kernels come from the same header.
 #include "cpu/flash_targets.hpp"
@@ -23,17 +25,19 @@ HWY_BEFORE_NAMESPACE();
 namespace flashtile::detail::cpu_flash::HWY_NAMESPACE {
 
 // One key block through the Q·Kᵀ micro-kernel: st (kBlockN, kBlockM) = k (kBlockN, d) · qt,
-// with the block-max epilogue and no mask (the common case).
+// with the block-max epilogue, plain logits and no mask (the common case).
 void QkOnce(const float* k, const float* qt, float* st, float* bmax, int64_t d) {
   constexpr int kKeys = Tiles::kQkKeys, kVecs = Tiles::kQkQueryVecs;
+  const BlockVisibility whole{Tiles::kBlockN};
+  const BlockLogits plain{0.0f, 0.0f, 0};
   for (int64_t i = 0; i < Tiles::kBlockM; i += kVecs * kLanes)
     for (int64_t j = 0; j < Tiles::kBlockN; j += kKeys)
-      QkTile<kKeys, kVecs>(k + j * d, d, qt + i, d, st + j * Tiles::kBlockM + i, bmax + i,
-                           nullptr);
+      QkTile<kKeys, kVecs, LogitsFlags<false, false>>(k, d, qt, st, bmax, i, j, plain, whole,
+                                                      /*masked=*/false);
 }
 // One key block through the P·V micro-kernel: o (kBlockM, d) = alpha·o + P·v.
 void PvOnce(const float* pt, const float* v, const float* alpha, float* o, int64_t d) {
-  PvBlock(pt, [](int64_t) { return Tiles::kBlockN; }, v, Scratch::padded_dim(d), alpha, o,
+  PvBlock(pt, BlockVisibility{Tiles::kBlockN}, v, Scratch::padded_dim(d), alpha, o,
           Scratch::padded_dim(d));
 }
 void HwyExp(const float* x, float* y, size_t n) {
@@ -49,7 +53,9 @@ HWY_AFTER_NAMESPACE();
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -128,34 +134,56 @@ void exp_bench(benchmark::State& state, std::string target) {
   force_target("");
 }
 
-// forward/<backend>: args {seqlen, head_dim, causal, threads, heads}; batch 1, fp32.
+// Query-key pairs the FLOP count uses: the field's N² for full attention and N²/2 causal
+// (as `flashtile bench`), and for a (left, 0) window exactly the pairs it leaves (row i sees
+// min(i, left) + 1 keys).
+double counted_pairs(int64_t n, bool causal, int64_t left) {
+  if (!causal) return double(n) * double(n);
+  if (left < 0) return 0.5 * double(n) * double(n);
+  double pairs = 0;
+  for (int64_t i = 0; i < n; ++i) pairs += double(std::min(i, left) + 1);
+  return pairs;
+}
+
+// forward/<backend>: args {seqlen, head_dim, causal, threads, heads, window_left, features};
+// batch 1, fp32.
 void forward_bench(benchmark::State& state, Backend backend) {
   const int64_t n = state.range(0), d = state.range(1), heads = state.range(4);
   const bool causal = state.range(2) != 0;
   const int threads = static_cast<int>(state.range(3));
+  const int64_t window_left = state.range(5), features = state.range(6);
   const std::array<int64_t, 4> shape{1, n, heads, d};
   auto q = random_floats(n * heads * d, -1, 1), k = random_floats(n * heads * d, -1, 1);
   auto v = random_floats(n * heads * d, -1, 1), o = random_floats(n * heads * d, 0, 0);
+  std::vector<float> slopes(static_cast<size_t>(heads));
+  for (int64_t h = 0; h < heads; ++h) slopes[h] = std::exp2(-8.0f * float(h + 1) / float(heads));
   auto view = [&](float* p) { return TensorView::contiguous(p, DType::f32, Device::cpu(), shape); };
   Options options;
   options.causal = causal;
+  options.window.left = window_left;
+  if (features & 1) options.softcap = 30.0f;
+  if (features & 2) options.alibi_slopes = ParamView::vector(slopes.data(), Device::cpu(), heads);
   options.backend = backend;
+  if (window_left >= 0 && !causal) {
+    state.SkipWithError("the FLOP count knows windows only with causal (left, 0)");
+    return;
+  }
   const int saved = omp_get_max_threads();
   omp_set_num_threads(threads);
   for (auto _ : state) forward(view(q.get()), view(k.get()), view(v.get()), view(o.get()), options);
   omp_set_num_threads(saved);
-  const double flops = 4.0 * heads * double(n) * double(n) * double(d) * (causal ? 0.5 : 1.0);
+  const double pairs = counted_pairs(n, causal, window_left);
   state.counters["FLOP/s"] =
-      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+      benchmark::Counter(4.0 * heads * pairs * double(d), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 }  // namespace
 }  // namespace flashtile::detail::cpu_flash
 
-// --forward_case=N,d,causal,threads,heads (repeatable) replaces the default forward cases,
-// e.g. for bench/cpu_vs_torch.py when no flashtile CLI is built.
-std::vector<std::array<int64_t, 5>> take_forward_cases(int& argc, char** argv) {
-  std::vector<std::array<int64_t, 5>> cases;
+// --forward_case=N,d,causal,threads,heads[,window_left[,features]] (repeatable) replaces the
+// default forward cases, e.g. for bench/cpu_vs_torch.py when no flashtile CLI is built.
+std::vector<std::array<int64_t, 7>> take_forward_cases(int& argc, char** argv) {
+  std::vector<std::array<int64_t, 7>> cases;
   const std::string flag = "--forward_case=";
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
@@ -164,10 +192,12 @@ std::vector<std::array<int64_t, 5>> take_forward_cases(int& argc, char** argv) {
       argv[kept++] = argv[i];
       continue;
     }
-    std::array<int64_t, 5> c{};
-    if (std::sscanf(arg.c_str() + flag.size(), "%ld,%ld,%ld,%ld,%ld", &c[0], &c[1], &c[2], &c[3],
-                    &c[4]) != 5) {
-      std::fprintf(stderr, "bad %s (expected N,d,causal,threads,heads)\n", arg.c_str());
+    std::array<int64_t, 7> c{0, 0, 0, 0, 0, -1, 0};
+    const int read = std::sscanf(arg.c_str() + flag.size(), "%ld,%ld,%ld,%ld,%ld,%ld,%ld", &c[0],
+                                 &c[1], &c[2], &c[3], &c[4], &c[5], &c[6]);
+    if (read < 5) {
+      std::fprintf(stderr, "bad %s (expected N,d,causal,threads,heads[,window_left[,features]])\n",
+                   arg.c_str());
       std::exit(2);
     }
     cases.push_back(c);
@@ -178,14 +208,14 @@ std::vector<std::array<int64_t, 5>> take_forward_cases(int& argc, char** argv) {
 
 int main(int argc, char** argv) {
   namespace cf = flashtile::detail::cpu_flash;
-  std::vector<std::array<int64_t, 5>> forward_cases = take_forward_cases(argc, argv);
+  std::vector<std::array<int64_t, 7>> forward_cases = take_forward_cases(argc, argv);
   const bool custom = !forward_cases.empty();
   if (!custom) {
     const int64_t all = omp_get_max_threads();
     for (int64_t threads : {int64_t(1), all}) {
       for (int64_t causal : {0, 1}) {
-        forward_cases.push_back({4096, 64, causal, threads, 8});
-        forward_cases.push_back({1024, 64, causal, threads, 1});
+        forward_cases.push_back({4096, 64, causal, threads, 8, -1, 0});
+        forward_cases.push_back({1024, 64, causal, threads, 1, -1, 0});
       }
       if (all == 1) break;
     }
@@ -203,12 +233,14 @@ int main(int argc, char** argv) {
   for (const auto& c : forward_cases)
     benchmark::RegisterBenchmark("forward/cpu_flash", cf::forward_bench,
                                  flashtile::Backend::cpu_flash)
-        ->Args({c[0], c[1], c[2], c[3], c[4]})->Unit(benchmark::kMillisecond)->UseRealTime();
+        ->Args({c[0], c[1], c[2], c[3], c[4], c[5], c[6]})
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
   if (!custom) {
     // The write-up's baseline on its own case: B=1, H=1, N=1024, d=64, one thread.
     benchmark::RegisterBenchmark("forward/cpu_standard", cf::forward_bench,
                                  flashtile::Backend::cpu_standard)
-        ->Args({1024, 64, 0, 1, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+        ->Args({1024, 64, 0, 1, 1, -1, 0})->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

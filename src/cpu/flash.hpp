@@ -14,10 +14,9 @@
 
 namespace flashtile::detail::cpu_flash {
 
-// Head dims the backend serves: multiples of 8 up to 256 (the register tiles walk the
-// head dim in vectors of up to 16 floats with a scalar tail of at most 8 channels).
+// Head dims the backend serves: any up to 256 (the register tiles walk the head dim in
+// whole vectors over zero-padded scratch, and the output's tail channels are scalar).
 inline constexpr int64_t kMaxHeadDim = 256;
-inline constexpr int64_t kHeadDimMultiple = 8;
 
 // Block sizes and scratch of the SIMD target this CPU runs (see Tiles in flash_kernels-inl.hpp).
 struct Geometry {
@@ -29,8 +28,8 @@ struct Geometry {
 };
 Geometry geometry(int64_t head_dim);
 
-// One task: query block `qb` of head `h` of batch `b`, written to out (and lse).
-// `scratch` holds geometry(head_dim).scratch_floats floats, 64-byte aligned.
+// One task: query block `qb` of head `h` of sequence (batch entry) `b`, written to out
+// (and lse). `scratch` holds geometry(head_dim).scratch_floats floats, 64-byte aligned.
 using QueryBlockFn = void (*)(const AttentionParams& p, int64_t b, int64_t h, int64_t qb,
                               float* scratch);
 QueryBlockFn query_block_kernel();
@@ -43,6 +42,8 @@ std::vector<std::string> available_targets();
 bool force_target(const std::string& name);
 // y[i] = the kernels' vectorised exp(x[i]).
 void vector_exp(const float* x, float* y, size_t n);
+// y[i] = the kernels' vectorised tanh(x[i]) (the softcap's).
+void vector_tanh(const float* x, float* y, size_t n);
 // The kernels' lane-wise online-softmax step over a block of scores laid out as
 // scores[j * rows + r] (key j, query row r; rows a multiple of `lanes`):
 // rescales m[r], l[r] (returning alpha[r]) and turns scores into probabilities in place.

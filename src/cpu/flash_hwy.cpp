@@ -20,6 +20,7 @@ namespace flashtile::detail::cpu_flash {
 HWY_EXPORT(RunQueryBlock);
 HWY_EXPORT(GetGeometry);
 HWY_EXPORT(VectorExp);
+HWY_EXPORT(VectorTanh);
 HWY_EXPORT(OnlineSoftmaxLanes);
 
 namespace {
@@ -69,6 +70,11 @@ bool force_target(const std::string& name) {
 void vector_exp(const float* x, float* y, size_t n) {
   choose_target_once();
   HWY_DYNAMIC_DISPATCH(VectorExp)(x, y, n);
+}
+
+void vector_tanh(const float* x, float* y, size_t n) {
+  choose_target_once();
+  HWY_DYNAMIC_DISPATCH(VectorTanh)(x, y, n);
 }
 
 void online_softmax_lanes(float* scores, int64_t keys, int64_t rows, float* m, float* l,

@@ -15,6 +15,12 @@
 //  - P·V broadcasts P[i][j] (= P^T[j][i]) and multiplies a vector of V[j][c..c+L), so V is
 //    used row-major as stored; O stays row-major like the output.
 // K and V blocks are copied to contiguous f32 (converting f16/bf16) before use.
+//
+// Variants come from the shared core (src/attn/): the key blocks a task visits and which of
+// them need the mask from block_range.hpp, per-row bounds inside those from mask.hpp, the
+// softcap and ALiBi of variant.hpp applied to each Q·Kᵀ tile (specialised on features.hpp's
+// flags), sinks and the finalisation from softmax_state.hpp, and every offset and LSE index
+// of a dense or varlen sequence from seqlen.hpp.
 #if defined(FLASHTILE_CPU_FLASH_KERNELS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef FLASHTILE_CPU_FLASH_KERNELS_INL_H_
 #undef FLASHTILE_CPU_FLASH_KERNELS_INL_H_
@@ -30,8 +36,13 @@
 #include <vector>
 
 #include "api/params.hpp"
-#include "common/numeric.hpp"
+#include "attn/block_range.hpp"
+#include "attn/features.hpp"
+#include "attn/mask.hpp"
+#include "attn/seqlen.hpp"
 #include "attn/softmax_state.hpp"
+#include "attn/variant.hpp"
+#include "common/numeric.hpp"
 #include "cpu/flash.hpp"
 #include "hwy/highway.h"
 
@@ -79,30 +90,33 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // Per-thread scratch, in floats; each piece starts on a 64-byte boundary.
 struct Scratch {
-  float* qt;     // (d, kBlockM)        Q^T of the task, pre-multiplied by the scale
-  float* st;     // (kBlockN, kBlockM)  S^T, overwritten by P^T
-  float* o;      // (kBlockM, dpad)     unnormalised output accumulator
-  float* kp;     // (kBlockN, d)        K block as contiguous f32 (zero rows past the end)
-  float* vp;     // (kBlockN, dpad)     V block as contiguous f32 (zero channels past d)
-  float* m;      // (kBlockM)           running max per query row
-  float* l;      // (kBlockM)           running denominator per query row
-  float* alpha;  // (kBlockM)           this block's rescale factor per query row
-  float* bmax;   // (kBlockM)           this block's max score per query row
+  float* qt;      // (d, kBlockM)        Q^T of the task, pre-multiplied by the scale
+  float* st;      // (kBlockN, kBlockM)  S^T, overwritten by P^T
+  float* o;       // (kBlockM, dpad)     unnormalised output accumulator
+  float* kp;      // (kBlockN, d)        K block as contiguous f32 (zero rows past the end)
+  float* vp;      // (kBlockN, dpad)     V block as contiguous f32 (zero channels past d)
+  float* m;       // (kBlockM)           running max per query row
+  float* l;       // (kBlockM)           running denominator per query row
+  float* alpha;   // (kBlockM)           this block's rescale factor per query row
+  float* bmax;    // (kBlockM)           this block's max score per query row
+  float* key_lo;  // (kBlockM)           masked blocks: first key of the block each row sees
+  float* key_hi;  // (kBlockM)           masked blocks: one past the last
 
+  static constexpr int kPieces = 11;
   static int64_t padded_dim(int64_t d) { return round_up(d, kLanes); }
   // Where each piece starts, in the order above, and last the total.
-  static std::array<int64_t, 10> offsets(int64_t d) {
+  static std::array<int64_t, kPieces + 1> offsets(int64_t d) {
     const int64_t dp = padded_dim(d), M = Tiles::kBlockM, N = Tiles::kBlockN;
-    const int64_t sizes[9] = {d * M, N * M, M * dp, N * d, N * dp, M, M, M, M};
-    std::array<int64_t, 10> at{};
-    for (int i = 0; i < 9; ++i) at[i + 1] = at[i] + round_up(sizes[i], 16);
+    const int64_t sizes[kPieces] = {d * M, N * M, M * dp, N * d, N * dp, M, M, M, M, M, M};
+    std::array<int64_t, kPieces + 1> at{};
+    for (int i = 0; i < kPieces; ++i) at[i + 1] = at[i] + round_up(sizes[i], 16);
     return at;
   }
-  static int64_t floats(int64_t d) { return offsets(d)[9]; }
+  static int64_t floats(int64_t d) { return offsets(d)[kPieces]; }
   Scratch(float* base, int64_t d) {
-    const std::array<int64_t, 10> at = offsets(d);
-    float** pieces[9] = {&qt, &st, &o, &kp, &vp, &m, &l, &alpha, &bmax};
-    for (int i = 0; i < 9; ++i) *pieces[i] = base + at[i];
+    const std::array<int64_t, kPieces + 1> at = offsets(d);
+    float** pieces[kPieces] = {&qt, &st, &o, &kp, &vp, &m, &l, &alpha, &bmax, &key_lo, &key_hi};
+    for (int i = 0; i < kPieces; ++i) *pieces[i] = base + at[i];
   }
 };
 
@@ -110,14 +124,18 @@ struct Scratch {
 // exp(x) = 2^n · exp(r) with n = round(x / ln2) and |r| <= ln2/2; exp(r) = 1 + r + r²·q(r)
 // with q of degree 4 fitted (weighted least squares on Chebyshev nodes, for relative error)
 // to (exp(r) - 1 - r) / r². Max relative error 1.2e-7 (2 ulp) on [-87, 88]; -inf and
-// anything below about -87.7 give 0, which is what masked scores need.
+// anything below kMinExpArg give exactly 0, which is what masked scores need, and NaN stays
+// NaN (it flows through the arithmetic): a NaN score must make its row NaN, not vanish as a
+// clamp to -88 would make it. The domain ends at 88 (n = 127); the kernels only ever pass
+// x <= 0 (a score minus the running max, or the old max minus the new).
 // The rounding is the shifter trick: adding 1.5·2^23 leaves n in the low mantissa bits, and
 // with 127 folded into the shifter those bits shifted into the exponent field are 2^n.
 template <class D>
 HWY_INLINE hn::Vec<D> FastExp(D d, hn::Vec<D> x) {
   const hn::RebindToSigned<D> di;
   constexpr float kShifter = 12582912.0f + 127.0f;  // 1.5·2^23 + exponent bias
-  x = hn::Min(hn::Max(x, hn::Set(d, -88.0f)), hn::Set(d, 88.0f));
+  // ln(2^-126): below it 2^n would leave the normal range, and the result is flushed to 0.
+  constexpr float kMinExpArg = -87.33654475f;
   const auto shifted = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), hn::Set(d, kShifter));
   const auto n = hn::Sub(shifted, hn::Set(d, kShifter));  // round(x / ln2), exactly
   // ln2 split so that n·kLn2Hi is exact (kLn2Hi has 9 significant bits).
@@ -130,9 +148,53 @@ HWY_INLINE hn::Vec<D> FastExp(D d, hn::Vec<D> x) {
   q = hn::MulAdd(q, r, hn::Set(d, 1.666651815e-01f));
   q = hn::MulAdd(q, r, hn::Set(d, 4.999998808e-01f));
   const auto e_r = hn::MulAdd(hn::Mul(r, r), q, hn::Add(r, hn::Set(d, 1.0f)));
-  // (n + 127) << 23: the exponent field of 2^n; n = -127 gives the bit pattern of +0.
+  // (n + 127) << 23: the exponent field of 2^n.
   const auto two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, shifted)));
-  return hn::Mul(e_r, two_n);
+  // A compare is false for NaN, so NaN lanes keep their (NaN) product.
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, kMinExpArg)), hn::Mul(e_r, two_n));
+}
+
+// ---- vectorised tanh, for the softcap ----------------------------------------------------
+// 1/x from the CPU's reciprocal estimate and Newton steps r <- r·(2 - x·r): the estimate has
+// 14 bits on AVX-512 and 12 on AVX2/SSE4 (one step: ~24), 8 on NEON (two steps); the
+// portable targets divide. A zmm divide would issue once per 10 cycles, once per score.
+template <class D>
+HWY_INLINE hn::Vec<D> Reciprocal(D d, hn::Vec<D> x) {
+#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+  return hn::Div(hn::Set(d, 1.0f), x);
+#else
+  auto r = hn::ApproximateReciprocal(x);
+  constexpr int kSteps = HWY_TARGET == HWY_NEON ? 2 : 1;
+  for (int i = 0; i < kSteps; ++i) r = hn::Mul(r, hn::NegMulAdd(x, r, hn::Set(d, 2.0f)));
+  return r;
+#endif
+}
+
+// tanh(x) = x·P(x²) / Q(x²) for |x| < 9, and ±1 beyond (tanh(9) is 1 - 3e-8). P (degree 6)
+// and Q (degree 3) were fitted for relative error (Sanathanan–Koerner least squares, then
+// Lawson reweighting towards minimax; 6.6e-9 in exact arithmetic) by the script in
+// docs/JOURNEY.md ("cpu_flash on the feature core"). Evaluated in float with FMA the error
+// is 5.2 ulp with an exact divide, 4.8 with AVX-512's reciprocal, 6.4 with AVX2/SSE4's
+// (CpuFlash.VectorTanhIsWithinSevenUlpOnEveryTarget), against Highway's Tanh at 4 ulp, in
+// about 20 operations instead of its ~35 (an expm1 and a divide): softcap cost the forward
+// 32% at d=64 with that, 13% with this. The compare is false for NaN, so NaN stays NaN.
+template <class D>
+HWY_INLINE hn::Vec<D> FastTanh(D d, hn::Vec<D> x) {
+  const auto x2 = hn::Mul(x, x);
+  auto p = hn::Set(d, -8.489075328e-14f);
+  p = hn::MulAdd(p, x2, hn::Set(d, 5.278107118e-11f));
+  p = hn::MulAdd(p, x2, hn::Set(d, -2.022558832e-08f));
+  p = hn::MulAdd(p, x2, hn::Set(d, 1.115440500e-05f));
+  p = hn::MulAdd(p, x2, hn::Set(d, 3.103965893e-03f));
+  p = hn::MulAdd(p, x2, hn::Set(d, 1.308401823e-01f));
+  p = hn::MulAdd(p, x2, hn::Set(d, 1.0f));
+  auto q = hn::Set(d, 2.546159085e-04f);
+  q = hn::MulAdd(q, x2, hn::Set(d, 2.449521795e-02f));
+  q = hn::MulAdd(q, x2, hn::Set(d, 4.641734660e-01f));
+  q = hn::MulAdd(q, x2, hn::Set(d, 1.0f));
+  const auto ratio = hn::Mul(hn::Mul(x, p), Reciprocal(d, q));
+  const auto saturated = hn::Ge(hn::Abs(x), hn::Set(d, 9.0f));  // also x = ±inf, x² = inf
+  return hn::IfThenElse(saturated, hn::CopySignToAbs(hn::Set(d, 1.0f), x), ratio);
 }
 
 // ---- the online-softmax step, L rows at a time ----------------------------------------
@@ -154,13 +216,14 @@ HWY_INLINE VF SafeShiftLanes(DF df, VF m) {
   return hn::IfThenElse(hn::Eq(m, neg_inf), hn::Zero(df), m);
 }
 
-// Scores of one block, S^T (keys, rows) with row stride `ld`, become P^T in place, for
-// rows [r0, r0 + kGroup·L) whose block maxima are in bmax; m, l and alpha are per-row
-// arrays. kGroup query vectors at a time so their sum chains interleave.
+// Scores of one block, S^T (keys, rows) with row stride `ld`, become P^T in place for keys
+// [key_begin, key_end) and rows [r0, r0 + kGroup·L) whose block maxima are in bmax; m, l and
+// alpha are per-row arrays. kGroup query vectors at a time so their sum chains interleave.
 template <int kGroup>
-HWY_INLINE void SoftmaxGroup(float* HWY_RESTRICT st, int64_t ld, int64_t keys, int64_t r0,
-                             const float* HWY_RESTRICT bmax, float* HWY_RESTRICT m,
-                             float* HWY_RESTRICT l, float* HWY_RESTRICT alpha) {
+HWY_INLINE void SoftmaxGroup(float* HWY_RESTRICT st, int64_t ld, int64_t key_begin,
+                             int64_t key_end, int64_t r0, const float* HWY_RESTRICT bmax,
+                             float* HWY_RESTRICT m, float* HWY_RESTRICT l,
+                             float* HWY_RESTRICT alpha) {
   const DF df;
   VF shift[kGroup], sum[kGroup], mv[kGroup], lv[kGroup];
   for (int g = 0; g < kGroup; ++g) {
@@ -171,7 +234,7 @@ HWY_INLINE void SoftmaxGroup(float* HWY_RESTRICT st, int64_t ld, int64_t keys, i
     shift[g] = SafeShiftLanes(df, mv[g]);
     sum[g] = hn::Zero(df);
   }
-  for (int64_t j = 0; j < keys; ++j)
+  for (int64_t j = key_begin; j < key_end; ++j)
     for (int g = 0; g < kGroup; ++g) {
       float* sp = st + j * ld + r0 + g * kLanes;
       const VF prob = FastExp(df, hn::Sub(hn::LoadU(df, sp), shift[g]));
@@ -184,66 +247,207 @@ HWY_INLINE void SoftmaxGroup(float* HWY_RESTRICT st, int64_t ld, int64_t keys, i
   }
 }
 
-// ---- Q·Kᵀ micro-kernel ----------------------------------------------------------------
-// Which scores of a tile are hidden: key row r (< kKeys) of the tile is hidden entirely when
-// r >= valid_keys (padding past the block), and for query column q of the tile when
-// q < first_visible + r (causal: later keys are seen by later rows only).
-struct TileMask {
-  int64_t valid_keys;
-  int64_t first_visible;
+// ---- which keys of a block each query row sees ------------------------------------------
+struct KeySpan {
+  int64_t begin, end;  // keys [begin, end) of the block, end >= begin
+  int64_t size() const { return end - begin; }
 };
 
-// S^T tile (kKeys, kVecs·L) = K rows (kKeys, d) · Q^T (d, kVecs·L): per channel c, kVecs
-// loads of Q^T, kKeys broadcasts of K[j][c], kKeys·kVecs FMAs. The epilogue sets hidden
-// scores to -inf (only tiles that need it) and folds the tile into the block's per-row
-// maximum, so the softmax needs no separate pass for the max.
-template <int kKeys, int kVecs>
-HWY_INLINE void QkTile(const float* HWY_RESTRICT k, int64_t k_stride,
-                       const float* HWY_RESTRICT qt, int64_t d, float* HWY_RESTRICT st,
-                       float* HWY_RESTRICT bmax, const TileMask* mask) {
+// The visibility of one key block of `keys` keys to the task's kBlockM query rows. A block
+// that attn/block_range.hpp says needs no mask is seen whole by every row; in one that does,
+// row r sees block keys [lo[r], hi[r]), from Mask (MaskedBlock below). Both bounds grow
+// with r (Mask's bounds move with the row), so a run of rows sees, between them, the keys
+// from its first row's lo to its last row's hi, and all of them see [lo[last], hi[first]).
+struct BlockVisibility {
+  int64_t keys;
+  const float* lo = nullptr;  // null: every row sees every key
+  const float* hi = nullptr;
+
+  bool masked() const { return lo != nullptr; }
+  // Keys some row of [r0, r1) sees.
+  KeySpan seen_by_any(int64_t r0, int64_t r1) const {
+    if (!masked()) return {0, keys};
+    const int64_t begin = static_cast<int64_t>(lo[r0]), end = static_cast<int64_t>(hi[r1 - 1]);
+    return {begin, std::max(begin, end)};
+  }
+  // Keys every row of [r0, r1) sees (empty: begin = end).
+  KeySpan seen_by_all(int64_t r0, int64_t r1) const {
+    if (!masked()) return {0, keys};
+    const int64_t begin = static_cast<int64_t>(lo[r1 - 1]), end = static_cast<int64_t>(hi[r0]);
+    return {begin, std::max(begin, end)};
+  }
+  // Whether every row of [r0, r1) sees every key of [j0, j1).
+  bool all_see(int64_t r0, int64_t r1, int64_t j0, int64_t j1) const {
+    const KeySpan all = seen_by_all(r0, r1);
+    return all.begin <= j0 && j1 <= all.end;
+  }
+};
+
+// The bounds of a masked block (first key j0, `keys` keys) for query rows i0 + r, r < kBlockM,
+// written to lo and hi as floats (exact: they lie in [0, kBlockN]) for the tiles' lane-wise
+// compare. Rows past the task's `rows` repeat its last row, keeping the bounds monotonic.
+HWY_INLINE BlockVisibility MaskedBlock(const Mask<int64_t>& mask, int64_t i0, int64_t rows,
+                                       int64_t j0, int64_t keys, float* HWY_RESTRICT lo,
+                                       float* HWY_RESTRICT hi) {
+  for (int64_t r = 0; r < Tiles::kBlockM; ++r) {
+    const int64_t i = i0 + std::min(r, rows - 1);
+    lo[r] = static_cast<float>(std::clamp<int64_t>(mask.first_key(i) - j0, 0, keys));
+    hi[r] = static_cast<float>(std::clamp<int64_t>(mask.key_end(i) - j0, 0, keys));
+  }
+  return {keys, lo, hi};
+}
+
+// ---- the logits of one tile ---------------------------------------------------------------
+// What attn/variant.hpp's LogitsTransform does after S = scale·q·k, on the registers of a
+// tile: the softcap (Q^T then carries scale / softcap, so S <- softcap·tanh(acc)) and ALiBi
+// (S <- S - slope·|i + offset - j|, Mask::distance).
+struct BlockLogits {
+  float softcap;  // LogitsTransform::softcap (0 when off)
+  float slope;    // ALiBi slope of the head (0 when off)
+  // i + offset - j for the block's first query row i and first key j: the signed distance
+  // whose absolute value Mask::distance gives, at the block's corner.
+  int64_t corner_distance;
+};
+
+// ---- Q·Kᵀ micro-kernel ----------------------------------------------------------------
+// Lane-wise mask of one vector of S^T: key j of the block against the rows whose bounds
+// are lo, hi (BlockVisibility).
+HWY_INLINE VF MaskLanes(DF df, VF scores, VF lo, VF hi, VF j) {
+  const auto seen = hn::And(hn::Le(lo, j), hn::Gt(hi, j));
+  return hn::IfThenElse(seen, scores, hn::Set(df, -std::numeric_limits<float>::infinity()));
+}
+
+// The softcap and ALiBi of Flags, the mask (when `masked`) and the block max, over a tile
+// already stored in S^T: one vector at a time from L1. Folded into the register epilogue of
+// QkTile instead, these made GCC keep the accumulators in memory through the whole Q·Kᵀ
+// loop (one store per accumulator per channel: 1.7x slower end to end).
+template <int kKeys, int kVecs, class Flags>
+HWY_NOINLINE void TileLogits(float* HWY_RESTRICT st, float* HWY_RESTRICT bmax, int64_t row,
+                             int64_t key, const BlockLogits& logits, const BlockVisibility& vis,
+                             bool masked) {
+  const DF df;
+  constexpr int64_t ld = Tiles::kBlockM;
+  const VF cap = hn::Set(df, logits.softcap), slope = hn::Set(df, logits.slope);
+  // Lane i of vector v, key r: i + offset - j = tile corner + v·L + i - r (exact in float
+  // while sequences stay below 2^24 keys).
+  const float corner = static_cast<float>(logits.corner_distance + row - key);
+  for (int v = 0; v < kVecs; ++v) {
+    const int64_t lane0 = row + v * kLanes;
+    VF mx = hn::Load(df, bmax + lane0);
+    for (int r = 0; r < kKeys; ++r) {
+      float* at = st + (key + r) * ld + lane0;
+      VF s = hn::Load(df, at);
+      if constexpr (Flags::kSoftcap) s = hn::Mul(FastTanh(df, s), cap);
+      if constexpr (Flags::kAlibi)
+        s = hn::NegMulAdd(slope, hn::Abs(hn::Iota(df, corner + float(v * kLanes - r))), s);
+      if (masked)
+        s = MaskLanes(df, s, hn::Load(df, vis.lo + lane0), hn::Load(df, vis.hi + lane0),
+                      hn::Set(df, static_cast<float>(key + r)));
+      hn::Store(s, df, at);
+      mx = hn::Max(mx, s);
+    }
+    hn::Store(mx, df, bmax + lane0);
+  }
+}
+
+// S^T tile (kKeys, kVecs·L) = K rows [key, key + kKeys) (kKeys, d) · Q^T columns
+// [row, row + kVecs·L) (d, kVecs·L): per channel c, kVecs loads of Q^T, kKeys broadcasts of
+// K[j][c], kKeys·kVecs FMAs. The epilogue applies the logits features of Flags
+// (attn/features.hpp), sets the scores the rows do not see to -inf (only when `masked`),
+// and folds the tile into the block's per-row maximum, so the softmax needs no separate
+// pass for the max. Plain logits do this in registers; softcap and ALiBi in TileLogits.
+// k and st point at the block's first key, qt and bmax at row 0.
+template <int kKeys, int kVecs, class Flags>
+HWY_INLINE void QkTile(const float* HWY_RESTRICT k, int64_t d, const float* HWY_RESTRICT qt,
+                       float* HWY_RESTRICT st, float* HWY_RESTRICT bmax, int64_t row,
+                       int64_t key, const BlockLogits& logits, const BlockVisibility& vis,
+                       bool masked) {
   const DF df;
   constexpr int64_t ld = Tiles::kBlockM;  // row stride of Q^T and S^T
+  const float* HWY_RESTRICT kt = k + key * d;
   VF acc[kKeys][kVecs];
   for (int r = 0; r < kKeys; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::Zero(df);
   for (int64_t c = 0; c < d; ++c) {
     VF q[kVecs];
-    for (int v = 0; v < kVecs; ++v) q[v] = hn::Load(df, qt + c * ld + v * kLanes);
+    for (int v = 0; v < kVecs; ++v) q[v] = hn::Load(df, qt + c * ld + row + v * kLanes);
     for (int r = 0; r < kKeys; ++r) {
-      const VF kc = hn::Set(df, k[r * k_stride + c]);
+      const VF kc = hn::Set(df, kt[r * d + c]);
       for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(kc, q[v], acc[r][v]);
     }
   }
-  if (mask != nullptr) {
-    const VF neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
-    const VF iota = hn::Iota(df, 0.0f);
+  if constexpr (!Flags::kPlain) {
+    for (int r = 0; r < kKeys; ++r)
+      for (int v = 0; v < kVecs; ++v)
+        hn::Store(acc[r][v], df, st + (key + r) * ld + row + v * kLanes);
+    TileLogits<kKeys, kVecs, Flags>(st, bmax, row, key, logits, vis, masked);
+    return;
+  }
+  if (masked) {
+    VF lo[kVecs], hi[kVecs];
+    for (int v = 0; v < kVecs; ++v) {
+      lo[v] = hn::Load(df, vis.lo + row + v * kLanes);
+      hi[v] = hn::Load(df, vis.hi + row + v * kLanes);
+    }
     for (int r = 0; r < kKeys; ++r) {
-      const int64_t first = r < mask->valid_keys ? mask->first_visible + r : kVecs * kLanes;
-      if (first <= 0) continue;
-      const VF first_v = hn::Set(df, static_cast<float>(std::min<int64_t>(first, kVecs * kLanes)));
-      for (int v = 0; v < kVecs; ++v) {
-        const auto hidden = hn::Lt(hn::Add(iota, hn::Set(df, float(v * kLanes))), first_v);
-        acc[r][v] = hn::IfThenElse(hidden, neg_inf, acc[r][v]);
-      }
+      const VF j = hn::Set(df, static_cast<float>(key + r));
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = MaskLanes(df, acc[r][v], lo[v], hi[v], j);
     }
   }
   for (int v = 0; v < kVecs; ++v) {
-    VF mx = hn::Load(df, bmax + v * kLanes);
+    VF mx = hn::Load(df, bmax + row + v * kLanes);
     for (int r = 0; r < kKeys; ++r) mx = hn::Max(mx, acc[r][v]);
-    hn::Store(mx, df, bmax + v * kLanes);
+    hn::Store(mx, df, bmax + row + v * kLanes);
   }
   for (int r = 0; r < kKeys; ++r)
-    for (int v = 0; v < kVecs; ++v) hn::Store(acc[r][v], df, st + r * ld + v * kLanes);
+    for (int v = 0; v < kVecs; ++v)
+      hn::Store(acc[r][v], df, st + (key + r) * ld + row + v * kLanes);
 }
 
 // ---- P·V micro-kernel -----------------------------------------------------------------
+// The keys of a block that a group of P·V rows takes: `any` (those some row sees) with
+// `all` (those every row sees) inside it. A key of `any` outside `all` reaches row r only
+// when lo[r] <= j < hi[r] (BlockVisibility bounds from the group's first row): a row must
+// not multiply the value of a key it does not see, since 0 · NaN or 0 · Inf is NaN.
+struct PvKeys {
+  KeySpan any, all;
+  const float* lo = nullptr;  // null when all == any
+  const float* hi = nullptr;
+};
+
+// acc (kRows, kVecs·L) += P · V over keys [j_begin, j_end); kRagged: row r adds key j only
+// when it sees it (PvKeys).
+template <bool kRagged, int kRows, int kVecs>
+HWY_INLINE void PvAddKeys(VF (&acc)[kRows][kVecs], const float* HWY_RESTRICT pt,
+                          int64_t j_begin, int64_t j_end, const float* HWY_RESTRICT v,
+                          int64_t v_stride, const PvKeys& keys) {
+  const DF df;
+  for (int64_t j = j_begin; j < j_end; ++j) {
+    VF x[kVecs];
+    for (int c = 0; c < kVecs; ++c) x[c] = hn::LoadU(df, v + j * v_stride + c * kLanes);
+    for (int r = 0; r < kRows; ++r) {
+      const VF p = hn::Set(df, pt[j * Tiles::kBlockM + r]);
+      if constexpr (kRagged) {
+        const bool seen = keys.lo[r] <= float(j) && float(j) < keys.hi[r];
+        const auto keep = hn::FirstN(df, seen ? kLanes : 0);
+        for (int c = 0; c < kVecs; ++c)
+          acc[r][c] = hn::IfThenElse(keep, hn::MulAdd(p, x[c], acc[r][c]), acc[r][c]);
+      } else {
+        for (int c = 0; c < kVecs; ++c) acc[r][c] = hn::MulAdd(p, x[c], acc[r][c]);
+      }
+    }
+  }
+}
+
 // O tile (kRows, kVecs·L) = alpha · O + P (kRows, keys) · V (keys, kVecs·L): per key j,
 // kVecs loads of V[j], kRows broadcasts of P[i][j] = P^T[j][i], kRows·kVecs FMAs. The
-// online softmax's rescale of O rides along with the accumulator load.
+// online softmax's rescale of O rides along with the accumulator load. The (at most
+// kRows - 1 on each side) keys of keys.any outside keys.all select per row whether to add.
+// pt points at the group's first row of the block's P^T, v at key 0 of the block.
 template <int kRows, int kVecs>
-HWY_INLINE void PvTile(const float* HWY_RESTRICT pt, int64_t keys, const float* HWY_RESTRICT v,
-                       int64_t v_stride, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o,
-                       int64_t o_stride) {
+HWY_INLINE void PvTile(const float* HWY_RESTRICT pt, const PvKeys& keys,
+                       const float* HWY_RESTRICT v, int64_t v_stride,
+                       const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o, int64_t o_stride) {
   const DF df;
   VF acc[kRows][kVecs];
   for (int r = 0; r < kRows; ++r) {
@@ -251,22 +455,17 @@ HWY_INLINE void PvTile(const float* HWY_RESTRICT pt, int64_t keys, const float* 
     for (int c = 0; c < kVecs; ++c)
       acc[r][c] = hn::Mul(hn::Load(df, o + r * o_stride + c * kLanes), a);
   }
-  for (int64_t j = 0; j < keys; ++j) {
-    VF x[kVecs];
-    for (int c = 0; c < kVecs; ++c) x[c] = hn::LoadU(df, v + j * v_stride + c * kLanes);
-    for (int r = 0; r < kRows; ++r) {
-      const VF p = hn::Set(df, pt[j * Tiles::kBlockM + r]);
-      for (int c = 0; c < kVecs; ++c) acc[r][c] = hn::MulAdd(p, x[c], acc[r][c]);
-    }
-  }
+  PvAddKeys<true>(acc, pt, keys.any.begin, keys.all.begin, v, v_stride, keys);
+  PvAddKeys<false>(acc, pt, keys.all.begin, keys.all.end, v, v_stride, keys);
+  PvAddKeys<true>(acc, pt, keys.all.end, keys.any.end, v, v_stride, keys);
   for (int r = 0; r < kRows; ++r)
     for (int c = 0; c < kVecs; ++c) hn::Store(acc[r][c], df, o + r * o_stride + c * kLanes);
 }
 
 // The tile for the last `n` (< kPvChanVecs) channel vectors of a row group.
 template <int kVecs = Tiles::kPvChanVecs - 1>
-HWY_INLINE void PvTailTile(int n, const float* pt, int64_t keys, const float* v, int64_t v_stride,
-                           const float* alpha, float* o, int64_t o_stride) {
+HWY_INLINE void PvTailTile(int n, const float* pt, const PvKeys& keys, const float* v,
+                           int64_t v_stride, const float* alpha, float* o, int64_t o_stride) {
   if constexpr (kVecs > 0) {
     if (n == kVecs)
       PvTile<Tiles::kPvRows, kVecs>(pt, keys, v, v_stride, alpha, o, o_stride);
@@ -276,15 +475,22 @@ HWY_INLINE void PvTailTile(int n, const float* pt, int64_t keys, const float* v,
 }
 
 // O (kBlockM, dpad) = alpha · O + P · V over one key block; row group [i, i + kPvRows)
-// takes the keys_for(i + kPvRows) keys it can see (the rest of its P is 0).
-template <class KeysFor>
-HWY_INLINE void PvBlock(const float* HWY_RESTRICT pt, const KeysFor& keys_for,
+// takes the keys its rows see (PvKeys: all of them whole, the mask's edge row by row).
+HWY_INLINE void PvBlock(const float* HWY_RESTRICT pt, const BlockVisibility& vis,
                         const float* HWY_RESTRICT v, int64_t v_stride,
                         const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o, int64_t dpad) {
   constexpr int kRows = Tiles::kPvRows, kVecs = Tiles::kPvChanVecs;
   const int64_t nvec = dpad / kLanes;
   for (int64_t i = 0; i < Tiles::kBlockM; i += kRows) {
-    const int64_t keys = keys_for(i + kRows);
+    PvKeys keys{vis.seen_by_any(i, i + kRows), vis.seen_by_any(i, i + kRows)};
+    if (vis.masked()) {
+      const KeySpan all = vis.seen_by_all(i, i + kRows);
+      // Inside `any` (a group whose rows see disjoint keys has an empty `all`).
+      keys.all.begin = std::clamp(all.begin, keys.any.begin, keys.any.end);
+      keys.all.end = std::clamp(all.end, keys.all.begin, keys.any.end);
+      keys.lo = vis.lo + i;
+      keys.hi = vis.hi + i;
+    }
     int64_t c = 0;
     for (; c + kVecs <= nvec; c += kVecs)
       PvTile<kRows, kVecs>(pt + i, keys, v + c * kLanes, v_stride, alpha + i,
@@ -335,67 +541,64 @@ HWY_INLINE void PackRows(const void* src, int64_t src_offset, int64_t src_stride
   }
 }
 
-// ---- one key block: S = Q·Kᵀ, mask, online softmax ---------------------------------------
+// ---- one key block: S = Q·Kᵀ, logits, mask, online softmax ----------------------------
 // Turns st into P^T (keys, kBlockM) for one key block and updates m, l, alpha. The query
-// group [i, i + G) (G = kQkQueryVecs·L rows) sees the first keys_for(i + G) keys of the
-// block (all `keys` without a causal mask); its tiles past those are skipped and its
-// P^T rows past them are never read. Query row q of the block sees key j of the block
-// when q >= first_visible + j. K holds whole kQkKeys tiles (zero rows past `keys`).
-template <class KeysFor>
+// group [i, i + G) (G = kQkQueryVecs·L rows) computes the whole kQkKeys tiles that hold the
+// keys its rows see between them; the other tiles are skipped and their P^T rows are never
+// read. Tiles that some row of the group does not see whole are masked. K holds whole
+// kQkKeys tiles (zero rows past `keys`).
+template <class Flags>
 HWY_INLINE void ScoresAndSoftmax(const float* HWY_RESTRICT k, int64_t d,
-                                 const float* HWY_RESTRICT qt, int64_t keys,
-                                 const KeysFor& keys_for, int64_t first_visible,
-                                 const Scratch& s) {
+                                 const float* HWY_RESTRICT qt, const BlockVisibility& vis,
+                                 const BlockLogits& logits, const Scratch& s) {
   constexpr int kKeys = Tiles::kQkKeys, kVecs = Tiles::kQkQueryVecs;
   constexpr int64_t M = Tiles::kBlockM, kGroupRows = kVecs * kLanes;
   std::fill(s.bmax, s.bmax + M, -std::numeric_limits<float>::infinity());
   for (int64_t i = 0; i < M; i += kGroupRows) {
-    const int64_t group_keys = round_up(keys_for(i + kGroupRows), kKeys);
-    for (int64_t j = 0; j < group_keys; j += kKeys) {
-      // Masking is needed where a tile reaches past the block's keys or above the diagonal.
-      const TileMask mask{keys - j, first_visible + j - i};
-      const bool masked = mask.valid_keys < kKeys || mask.first_visible + kKeys - 1 > 0;
-      QkTile<kKeys, kVecs>(k + j * d, d, qt + i, d, s.st + j * M + i, s.bmax + i,
-                           masked ? &mask : nullptr);
-    }
+    const KeySpan span = vis.seen_by_any(i, i + kGroupRows);
+    const int64_t tile_begin = span.begin / kKeys * kKeys;
+    const int64_t tile_end = span.size() > 0 ? round_up(span.end, kKeys) : tile_begin;
+    for (int64_t j = tile_begin; j < tile_end; j += kKeys)
+      QkTile<kKeys, kVecs, Flags>(k, d, qt, s.st, s.bmax, i, j, logits, vis,
+                                  !vis.all_see(i, i + kGroupRows, j, j + kKeys));
     // The group's scores are still in L1: softmax them now.
-    SoftmaxGroup<kVecs>(s.st, M, group_keys, i, s.bmax, s.m, s.l, s.alpha);
+    SoftmaxGroup<kVecs>(s.st, M, tile_begin, tile_end, i, s.bmax, s.m, s.l, s.alpha);
   }
 }
 
 // ---- one task ---------------------------------------------------------------------------
-// Query rows [i0, i0 + rows) of head h, batch b: the whole loop of Algorithm 1 of
-// FlashAttention-2 for one query block, with the output written in the input dtype.
-template <DType kDType>
+// Query rows [i0, i0 + rows) of head h of sequence b: the whole loop of Algorithm 1 of
+// FlashAttention-2 for one query block, over the key blocks attn/block_range.hpp says the
+// rows see, with the output written in the input dtype.
+template <DType kDType, class Flags>
 void QueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb, float* scratch_base) {
   const DF df;
   constexpr int64_t M = Tiles::kBlockM, N = Tiles::kBlockN;
   const int64_t d = p.head_dim, dpad = Scratch::padded_dim(d);
   const Scratch s(scratch_base, d);
-  const int64_t i0 = qb * M, rows = std::min(M, p.seqlen_q - i0);
+  const SeqlenInfo<int64_t> seq(p, b);
+  const Mask<int64_t> mask = seq.mask(p);
+  const LogitsTransform<float> transform = logits_transform<float>(p, b, h);
+  const int64_t i0 = qb * M, rows = std::min(M, seq.seqlen_q - i0);
   const int64_t hk = h / p.heads_per_kv();
-  const int64_t q_off = b * p.q_batch_stride + i0 * p.q_row_stride + h * p.q_head_stride;
-  const int64_t k_off = b * p.k_batch_stride + hk * p.k_head_stride;
-  const int64_t v_off = b * p.v_batch_stride + hk * p.v_head_stride;
 
-  // Q^T (d, M) = scale · Q[i0 .. i0+rows)ᵀ, zero for rows past the end (their scores are
-  // computed and discarded). The rows go through O's scratch first: whole-vector loads keep
-  // many cache misses in flight, and the transpose then reads L1.
-  PackRows<kDType>(p.q, q_off, p.q_row_stride, rows, M, d, s.o, dpad);
+  // Q^T (d, M) = scale · Q[i0 .. i0+rows)ᵀ (scale / softcap with a softcap), zero for rows
+  // past the end (their scores are computed and discarded). The rows go through O's scratch
+  // first: whole-vector loads keep many cache misses in flight, and the transpose then
+  // reads L1.
+  const float q_scale =
+      Flags::kSoftcap ? transform.scale * transform.inv_softcap : transform.scale;
+  PackRows<kDType>(p.q, seq.q_offset(p, b, i0, h), p.q_row_stride, rows, M, d, s.o, dpad);
   for (int64_t r = 0; r < M; ++r)
-    for (int64_t c = 0; c < d; ++c) s.qt[c * M + r] = p.scale * s.o[r * dpad + c];
+    for (int64_t c = 0; c < d; ++c) s.qt[c * M + r] = q_scale * s.o[r * dpad + c];
   std::fill(s.o, s.o + M * dpad, 0.0f);
   std::fill(s.m, s.m + M, -std::numeric_limits<float>::infinity());
   std::fill(s.l, s.l + M, 0.0f);
 
-  // Keys any row of this block can see: causal row i sees j <= i + offset.
-  const bool causal = p.is_causal();
-  const int64_t offset = p.seqlen_k - p.seqlen_q;
-  const int64_t visible =
-      causal ? std::clamp<int64_t>(i0 + rows + offset, 0, p.seqlen_k) : p.seqlen_k;
-
-  for (int64_t j0 = 0; j0 < visible; j0 += N) {
-    const int64_t keys = std::min(N, visible - j0);
+  // Only the key blocks some row sees are visited; only those the mask cuts are masked.
+  const KeyBlocks<int64_t> blocks = key_blocks(mask, i0, i0 + rows, N);
+  for (int64_t n = blocks.begin; n < blocks.end; ++n) {
+    const int64_t j0 = n * N, keys = std::min(N, seq.seqlen_k - j0);
 
     // K and V blocks converted to f32 and packed contiguously, even when they are f32
     // already: rows of a (seqlen, heads, d) tensor sit heads·d floats apart (2 KiB for 8
@@ -403,56 +606,59 @@ void QueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb, floa
     // per row group. Packed, a block is 16 KiB that stays in L1 (1.13x end to end at
     // B=1 H=8 N=4096 d=64). Software prefetch of the next block's rows, spread over the
     // tiles, measured no gain and is not done.
-    PackRows<kDType>(p.k, k_off + j0 * p.k_row_stride, p.k_row_stride, keys,
+    PackRows<kDType>(p.k, seq.k_offset(p, b, j0, hk), p.k_row_stride, keys,
                      round_up(keys, Tiles::kQkKeys), d, s.kp, d);
-    PackRows<kDType>(p.v, v_off + j0 * p.v_row_stride, p.v_row_stride, keys, keys, d, s.vp, dpad);
+    PackRows<kDType>(p.v, seq.v_offset(p, b, j0, hk), p.v_row_stride, keys, keys, d, s.vp,
+                     dpad);
 
-    // Keys of this block that rows [0, r_end) can see: on the causal diagonal the later
-    // rows see more, and the tiles that no row sees are skipped. Row q of the block sees
-    // key j of the block when q >= j0 + j - offset - i0.
-    const auto keys_for = [&](int64_t r_end) {
-      return causal ? std::clamp<int64_t>(i0 + r_end + offset - j0, 0, keys) : keys;
-    };
-    const int64_t first_visible =
-        causal ? j0 - offset - i0 : -std::numeric_limits<int32_t>::max();
-
-    // (keys, M) S^T = K · Q^T, masked; then P^T = exp(S^T - m_new), m, l, alpha updated.
-    ScoresAndSoftmax(s.kp, d, s.qt, keys, keys_for, first_visible, s);
+    const BlockVisibility vis = blocks.needs_mask(n)
+                                    ? MaskedBlock(mask, i0, rows, j0, keys, s.key_lo, s.key_hi)
+                                    : BlockVisibility{keys};
+    const BlockLogits logits{transform.softcap, transform.slope, i0 + mask.offset - j0};
+    // (keys, M) S^T = K · Q^T, logits, mask; then P^T = exp(S^T - m_new), m, l, alpha updated.
+    ScoresAndSoftmax<Flags>(s.kp, d, s.qt, vis, logits, s);
     // (M, dpad) O = alpha · O + P · V
-    PvBlock(s.st, keys_for, s.vp, dpad, s.alpha, s.o, dpad);
+    PvBlock(s.st, vis, s.vp, dpad, s.alpha, s.o, dpad);
   }
 
-  // O / l in the output dtype, and LSE, through the shared finalisation.
-  const int64_t o_off = b * p.o_batch_stride + i0 * p.o_row_stride + h * p.o_head_stride;
+  // The sink joins each row's denominator; then O / l in the output dtype, and LSE, through
+  // the shared finalisation (attn/softmax_state.hpp).
+  const float sink = sink_logit<float>(p, h);
   const int64_t vec_end = d / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
-    const SoftmaxState<float> state{s.m[r], s.l[r]};
-    const float inv_l = output_scale(state);
+    SoftmaxState<float> state{s.m[r], s.l[r]};
+    const float sink_factor = add_sink(state, sink);
+    const float to_output = sink_factor * output_scale(state);
     const float* o_row = s.o + r * dpad;
-    const int64_t dst = o_off + r * p.o_row_stride;
+    const int64_t dst = seq.o_offset(p, b, i0 + r, h);
     if constexpr (kDType == DType::f32) {
       float* out = static_cast<float*>(p.o) + dst;
-      const VF scale = hn::Set(df, inv_l);
+      const VF scale = hn::Set(df, to_output);
       for (int64_t c = 0; c < vec_end; c += kLanes)
         hn::StoreU(hn::Mul(hn::Load(df, o_row + c), scale), df, out + c);
-      for (int64_t c = vec_end; c < d; ++c) out[c] = o_row[c] * inv_l;
+      for (int64_t c = vec_end; c < d; ++c) out[c] = o_row[c] * to_output;
     } else {
       // Scalar round-to-nearest-even conversion, bit-exact with the rest of flashtile;
       // once per output element, so it does not show next to the O(N) work per element.
-      for (int64_t c = 0; c < d; ++c) store_from_float(p.o, kDType, dst + c, o_row[c] * inv_l);
+      for (int64_t c = 0; c < d; ++c) store_from_float(p.o, kDType, dst + c, o_row[c] * to_output);
     }
-    if (p.lse != nullptr) p.lse[(b * p.heads_q + h) * p.seqlen_q + i0 + r] = log_sum_exp(state);
+    if (p.lse != nullptr) p.lse[seq.lse_index(p, b, h, i0 + r)] = log_sum_exp(state);
   }
 }
 
 // ---- per-target entry points ------------------------------------------------------------
+// One instantiation per dtype and logits feature set (plain, softcap, ALiBi, both); masks,
+// sinks and varlen are data.
 inline void RunQueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb,
                           float* scratch) {
-  switch (p.dtype) {
-    case DType::f32: return QueryBlock<DType::f32>(p, b, h, qb, scratch);
-    case DType::f16: return QueryBlock<DType::f16>(p, b, h, qb, scratch);
-    case DType::bf16: return QueryBlock<DType::bf16>(p, b, h, qb, scratch);
-  }
+  with_logits_flags(p, [&](auto flags) {
+    using Flags = decltype(flags);
+    switch (p.dtype) {
+      case DType::f32: return QueryBlock<DType::f32, Flags>(p, b, h, qb, scratch);
+      case DType::f16: return QueryBlock<DType::f16, Flags>(p, b, h, qb, scratch);
+      case DType::bf16: return QueryBlock<DType::bf16, Flags>(p, b, h, qb, scratch);
+    }
+  });
 }
 
 inline Geometry GetGeometry(int64_t head_dim) {
@@ -472,13 +678,25 @@ inline void VectorExp(const float* x, float* y, size_t n) {
   }
 }
 
+inline void VectorTanh(const float* x, float* y, size_t n) {
+  const DF df;
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) hn::StoreU(FastTanh(df, hn::LoadU(df, x + i)), df, y + i);
+  if (i < n) {
+    HWY_ALIGN float buf[kLanes] = {};
+    std::copy(x + i, x + n, buf);
+    hn::Store(FastTanh(df, hn::Load(df, buf)), df, buf);
+    std::copy(buf, buf + (n - i), y + i);
+  }
+}
+
 inline void OnlineSoftmaxLanes(float* scores, int64_t keys, int64_t rows, float* m, float* l,
                                float* alpha) {
   std::vector<float> bmax(rows, -std::numeric_limits<float>::infinity());
   for (int64_t j = 0; j < keys; ++j)
     for (int64_t r = 0; r < rows; ++r) bmax[r] = std::max(bmax[r], scores[j * rows + r]);
   for (int64_t r0 = 0; r0 < rows; r0 += kLanes)
-    SoftmaxGroup<1>(scores, rows, keys, r0, bmax.data(), m, l, alpha);
+    SoftmaxGroup<1>(scores, rows, 0, keys, r0, bmax.data(), m, l, alpha);
 }
 
 }  // namespace flashtile::detail::cpu_flash::HWY_NAMESPACE
