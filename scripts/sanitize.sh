@@ -8,5 +8,5 @@ cmake -S . -B build-asan -G Ninja -DFLASHTILE_CUDA=OFF -DFLASHTILE_SANITIZE=addr
   -DFLASHTILE_BUILD_TOOLS=OFF -DFLASHTILE_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build-asan --target flashtile_cpu_tests
 # detect_leaks: the suites own every allocation; halt_on_error via -fno-sanitize-recover.
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+OMP_WAIT_POLICY=passive ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
   build-asan/tests/flashtile_cpu_tests --gtest_brief=1
