@@ -37,6 +37,9 @@ def _ml_bfloat16():
 
 
 def _framework(x: Any, name: str, api: str) -> str:
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{api}: {name} is a numpy masked array; flashtile would ignore its "
+                        f"mask: pass {name}.filled(...) or an attention mask of its own")
     if isinstance(x, np.ndarray):
         return "numpy"
     # Only look at frameworks the caller has already imported: never import torch ourselves.
@@ -173,8 +176,16 @@ def _dtype_name(x, api: str) -> str:
     return name
 
 
+def _flag(value, name: str, api: str) -> bool:
+    """A flag must be a bool: 'False' or 'no' would otherwise count as true."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{api}: {name} must be True or False, got {value!r}")
+
+
 def _variant_options(api: str, causal, scale, window, softcap) -> dict:
     """The scalar options as the C++ module takes them; the library checks their values."""
+    causal = _flag(causal, "causal", api)
     try:
         left, right = window
     except (TypeError, ValueError):
@@ -209,10 +220,13 @@ def _extras(**arrays) -> dict:
 
 def _run(call: _Call, out, return_lse: bool, lse_shape, backend: str, options: dict):
     """Allocates what the caller did not give, runs the call, returns out (and lse)."""
+    return_lse = _flag(return_lse, "return_lse", call.api)
     q = call.arrays["q"]
     caller_out = out is not None
     if caller_out:
         out_ = call.arrays["out"]
+        if isinstance(out_, np.ndarray) and not out_.flags.writeable:
+            raise ValueError(f"{call.api}: out is a read-only array")
     else:
         out, out_ = call.empty(tuple(q.shape), call.dtype)
     lse = lse_ = None

@@ -1,5 +1,6 @@
 // The dispatcher: validate (src/api/validate.cpp), choose a backend, run it. One selector
 // answers "supported?" for forward, plan and the varlen entry points alike.
+#include <cstdint>
 #include <sstream>
 
 #include "api/backend.hpp"
@@ -84,8 +85,14 @@ std::string device_name(Device device) {
 
 TensorView TensorView::contiguous(void* data, DType dtype, Device device,
                                   std::array<int64_t, 4> shape) {
-  return {data, dtype, device, shape,
-          {shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1}};
+  // A shape whose strides overflow saturates them; the validator then refuses the shape
+  // itself (its element count overflows too), so no wrapped stride is ever used.
+  auto times = [](int64_t a, int64_t b) {
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+  };
+  const int64_t head = shape[3], row = times(shape[2], head);
+  return {data, dtype, device, shape, {times(shape[1], row), row, head, 1}};
 }
 
 std::string_view backend_name(Backend backend) {

@@ -211,3 +211,40 @@ def test_gil_is_released_during_cpu_compute(rng):
     thread.join()
     assert timing["call"] > 0.05, "the case is too small to tell"
     assert longest_pause < 0.5 * timing["call"]
+
+
+def test_flags_must_be_bools(rng):
+    # Truthiness would turn causal='False' into causal attention and return_lse='no' into a
+    # tuple: both are refused, with nothing run.
+    q, k, v = random_case(rng, 1, 8, 8, 2, 2, 16)
+    with pytest.raises(TypeError, match="causal must be True or False, got 'False'"):
+        flashtile.attention(q, k, v, causal="False")
+    with pytest.raises(TypeError, match="return_lse must be True or False, got 'no'"):
+        flashtile.attention(q, k, v, return_lse="no")
+    out, lse = flashtile.attention(q, k, v, causal=np.bool_(True), return_lse=True)
+    assert lse.shape == (1, 2, 8)
+
+
+def test_masked_arrays_are_refused(rng):
+    q, k, v = random_case(rng, 1, 8, 8, 2, 2, 16)
+    masked = np.ma.masked_array(q, mask=np.zeros(q.shape, bool))
+    with pytest.raises(TypeError, match="masked array"):
+        flashtile.attention(masked, k, v)
+
+
+def test_read_only_out_is_refused_and_untouched(rng):
+    q, k, v = random_case(rng, 1, 8, 8, 2, 2, 16)
+    out = np.full(q.shape, np.nan, np.float32)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="out is a read-only array"):
+        flashtile.attention(q, k, v, out=out)
+    assert np.isnan(out).all()
+
+
+def test_out_that_aliases_itself_is_refused(rng):
+    q, k, v = random_case(rng, 1, 8, 8, 2, 2, 16)
+    base = np.zeros(16, np.float32)
+    out = np.lib.stride_tricks.as_strided(base, q.shape, (0, 0, 0, 4), writeable=True)
+    with pytest.raises(ValueError, match="out must not overlap itself"):
+        flashtile.attention(q, k, v, out=out)
+    assert not base.any()
