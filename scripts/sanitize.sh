@@ -1,12 +1,27 @@
 #!/usr/bin/env bash
-# The CPU test suites under AddressSanitizer and UndefinedBehaviorSanitizer (CI runs this
-# after scripts/test.sh). CPU-only build into ./build-asan; any report fails the run.
+# The CPU test suites under sanitizers. CPU-only builds; any report fails the run.
+#   scripts/sanitize.sh            AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this)
+#   scripts/sanitize.sh thread     ThreadSanitizer, with OpenMP teams of one thread: libgomp is
+#                                  not instrumented, so TSan cannot see its barriers and reports
+#                                  every parallel region; flashtile's own concurrency (many host
+#                                  threads calling forward) is what this checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode=${1:-address}
 scripts/install-deps.sh
-cmake -S . -B build-asan -G Ninja -DFLASHTILE_CUDA=OFF -DFLASHTILE_SANITIZE=address,undefined \
-  -DFLASHTILE_BUILD_TOOLS=OFF -DFLASHTILE_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
-cmake --build build-asan --target flashtile_cpu_tests
-# detect_leaks: the suites own every allocation; halt_on_error via -fno-sanitize-recover.
-OMP_WAIT_POLICY=passive ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-  build-asan/tests/flashtile_cpu_tests --gtest_brief=1
+configure() {  # configure DIR SANITIZERS
+  cmake -S . -B "$1" -G Ninja -DFLASHTILE_CUDA=OFF -DFLASHTILE_SANITIZE="$2" \
+    -DFLASHTILE_BUILD_TOOLS=OFF -DFLASHTILE_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  cmake --build "$1" --target flashtile_cpu_tests
+}
+if [ "$mode" = thread ]; then
+  configure build-tsan thread
+  # The one test that sets OpenMP team sizes itself is left out (see above).
+  OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
+    build-tsan/tests/flashtile_cpu_tests --gtest_brief=1 \
+    --gtest_filter=-CpuFlash.ThreadCountDoesNotChangeOneBit
+else
+  configure build-asan address,undefined
+  OMP_WAIT_POLICY=passive ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    build-asan/tests/flashtile_cpu_tests --gtest_brief=1
+fi
