@@ -174,6 +174,22 @@ Plan plan(const TensorView& q, const TensorView& k, const TensorView& v, const T
 Plan plan_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView& out, const Varlen& varlen, const Options& options = {});
 
+// The library's version (the one in CMakeLists.txt; flashtile.__version__ and
+// `flashtile --version` report the same).
+std::string_view version();
+
+// How this build was configured, and what it finds on this machine (`flashtile info`).
+struct BuildInfo {
+  std::string version;
+  std::string build_type;   // CMake's, e.g. "Release"
+  std::string compiler;     // e.g. "GCC 12.2.0"
+  std::string cuda;         // "off", or the CUDA runtime version and architectures built
+  std::string cpu_simd;     // "off", or the Google Highway version
+  std::string simd_target;  // the SIMD target cpu_flash runs on this CPU ("" without)
+  std::string sanitizers;   // FLASHTILE_SANITIZE ("" when none)
+};
+BuildInfo build_info();
+
 // Where a backend runs.
 DeviceType backend_device(Backend backend);
 // Whether a backend is compiled in and has its hardware here (for CUDA: a device).

@@ -391,7 +391,7 @@ std::vector<std::tuple<std::string, std::string, bool, std::string>> backends() 
 
 NB_MODULE(_flashtile, m) {
   m.doc() = "flashtile's C++ core; use the functions of the flashtile package instead.";
-  m.attr("__version__") = FLASHTILE_VERSION;
+  m.attr("__version__") = std::string(flashtile::version());
   m.attr("cuda_compiled") = bool(FLASHTILE_WITH_CUDA);
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {

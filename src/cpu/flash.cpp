@@ -40,7 +40,8 @@ std::string flash_unavailable() {
 #if FLASHTILE_WITH_HWY
   return "";
 #else
-  return "built without Google Highway (install libhwy-dev and reconfigure)";
+  return "built with FLASHTILE_CPU_SIMD=OFF (no Google Highway: install libhwy-dev and "
+         "reconfigure with it ON)";
 #endif
 }
 

@@ -388,6 +388,7 @@ TEST(CpuFlash, IsTheAutomaticCpuChoice) {
             Backend::cpu_flash);
 }
 
+#if FLASHTILE_WITH_HWY  // reads cpu_flash's block size
 TEST(CpuFlash, WorkspaceDoesNotGrowWithSequenceLength) {
   SKIP_WITHOUT_CPU_FLASH();
   // Per-thread O(block · d) scratch and the schedule (one small entry per query block): no
@@ -403,6 +404,7 @@ TEST(CpuFlash, WorkspaceDoesNotGrowWithSequenceLength) {
   EXPECT_LE(large - small, (blocks_large - blocks_small) * 32) << "at most 32 bytes per query block";
   EXPECT_LT(small, int64_t(omp_get_max_threads()) * 256 * 1024);  // well under 256 KiB a thread
 }
+#endif
 
 // ---- determinism ------------------------------------------------------------------------------
 TEST(CpuFlash, ThreadCountDoesNotChangeOneBit) {

@@ -128,7 +128,24 @@ def test_version():
         installed = metadata.version("flashtile")
     except metadata.PackageNotFoundError:
         pytest.skip("flashtile is not installed as a distribution (in-tree build)")
-    assert installed == flashtile.__version__  # pyproject.toml and CMakeLists.txt agree
+    assert installed == flashtile.__version__  # pyproject.toml reads CMakeLists.txt's
+
+
+def test_one_version_everywhere():
+    """CMakeLists.txt holds the version once; the module and the CLI report it."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "CMakeLists.txt")) as f:
+        declared = re.search(r"project\(flashtile VERSION ([0-9.]+)", f.read()).group(1)
+    assert flashtile.__version__ == declared
+    cli = shutil.which("flashtile")
+    if cli is None:
+        pytest.skip("the flashtile CLI is not on PATH (pip install . puts it there)")
+    shown = subprocess.run([cli, "--version"], capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == f"flashtile {declared}"
 
 
 # --- errors: the library's message, as ValueError or TypeError, nothing written ----------

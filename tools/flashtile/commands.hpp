@@ -51,6 +51,9 @@ struct RunOptions {
 };
 int run_run(const RunOptions& options);
 
+// `flashtile info`: version, build configuration, backends, SIMD target, devices.
+int run_info();
+
 // Parses backend names (comma lists already split); throws flashtile::Error on unknown ones.
 std::vector<Backend> parse_backend_list(const std::vector<std::string>& names);
 

@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
   using namespace flashtile;
   CLI::App app{"flashtile: exact attention (FlashAttention) on CPUs and CUDA GPUs"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("flashtile ") + std::string(flashtile::version()));
 
   cli::BenchOptions bench;
   auto* bench_cmd = app.add_subcommand(
@@ -181,6 +182,10 @@ int main(int argc, char** argv) {
       ->default_val("auto")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
+  auto* info_cmd = app.add_subcommand(
+      "info", "Print the version, the build configuration, every backend with its availability, "
+              "the SIMD target cpu_flash runs on and the CUDA devices");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*bench_cmd) {
@@ -203,6 +208,7 @@ int main(int argc, char** argv) {
       return cli::run_bench(bench);
     }
     if (*check_cmd) return cli::run_check(check);
+    if (*info_cmd) return cli::run_info();
     run.has_scale = scale_opt->count() > 0;
     if (run.has_scale) run.scale = cli::parse_finite(run_scale, "--scale");
     run_variant.apply_to(run.window, run.softcap);
