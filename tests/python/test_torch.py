@@ -616,3 +616,65 @@ def test_variant_parameters_on_the_wrong_device_are_refused():
     pq, pk, pv, cu_q, cu_k = packed([4, 4], [4, 4], 2, 2, 16, "cuda")
     with pytest.raises(ValueError, match=r"cu_seqlens_q must be on the device of q \(cuda:0\)"):
         ft.attention_varlen(pq, pk, pv, cu_q.cpu(), cu_k)
+
+
+# --- torch in the modes users run it: dynamic shapes, export, CUDA graphs --------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_dynamic_does_not_recompile_per_length(device):
+    compilations = []
+
+    def counting_backend(graph_module, example_inputs):
+        compilations.append(graph_module)
+        return graph_module.forward
+
+    def step(q, k, v):
+        return ft.attention(q, k, v, causal=True, window=(16, 0), softcap=20.0) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=counting_backend, dynamic=True, fullgraph=True)
+    for seqlen in (24, 37, 61, 130):
+        q, k, v = case(2, seqlen, seqlen, 4, 2, 32, device)
+        expected = step(q, k, v)
+        torch.testing.assert_close(compiled(q, k, v), expected, rtol=0, atol=0)
+    assert len(compilations) == 1, f"compiled {len(compilations)} times for 4 sequence lengths"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_export_round_trips(device, tmp_path):
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v, slopes):
+            return ft.attention(q, k, v, causal=True, alibi_slopes=slopes)
+
+    q, k, v = case(1, 40, 40, 4, 2, 32, device)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=device)
+    exported = torch.export.export(Attention(), (q, k, v, slopes))
+    path = tmp_path / "attention.pt2"
+    torch.export.save(exported, path)
+    loaded = torch.export.load(path)
+    expected = Attention()(q, k, v, slopes)
+    torch.testing.assert_close(loaded.module()(q, k, v, slopes), expected, rtol=0, atol=0)
+    q2, k2, v2 = case(1, 40, 40, 4, 2, 32, device)  # other values, same shapes
+    torch.testing.assert_close(loaded.module()(q2, k2, v2, slopes), Attention()(q2, k2, v2, slopes),
+                               rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not _cuda_backend_available(), reason="needs CUDA")
+def test_cuda_graph_replay():
+    q, k, v = case(2, 300, 300, 8, 2, 64, "cuda", torch.bfloat16)
+    static_q, static_k, static_v = q.clone(), k.clone(), v.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up outside the capture, on the capturing stream
+        ft.attention(static_q, static_k, static_v, causal=True, window=(64, 0))
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = ft.attention(static_q, static_k, static_v, causal=True, window=(64, 0))
+    for seed in (5, 6):
+        q, k, v = case(2, 300, 300, 8, 2, 64, "cuda", torch.bfloat16)
+        q, k, v = q * (seed - 4), k, v + seed  # new values, same buffers
+        static_q.copy_(q), static_k.copy_(k), static_v.copy_(v)
+        graph.replay()
+        torch.testing.assert_close(static_out, ft.attention(q, k, v, causal=True, window=(64, 0)),
+                                   rtol=0, atol=0)
