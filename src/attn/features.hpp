@@ -4,8 +4,6 @@
 // specialise on them; each kernel family instantiates the combinations its traits list.
 #pragma once
 
-#include <type_traits>
-
 #include "api/params.hpp"
 
 namespace flashtile::detail {
@@ -24,12 +22,6 @@ decltype(auto) with_logits_flags(const AttentionParams& p, Fn&& fn) {
   const bool softcap = p.softcap != 0.0f, alibi = p.alibi_slopes != nullptr;
   if (softcap) return alibi ? fn(LogitsFlags<true, true>{}) : fn(LogitsFlags<true, false>{});
   return alibi ? fn(LogitsFlags<false, true>{}) : fn(LogitsFlags<false, false>{});
-}
-
-// Calls fn(std::true_type{}) or fn(std::false_type{}).
-template <class Fn>
-decltype(auto) bool_switch(bool value, Fn&& fn) {
-  return value ? fn(std::true_type{}) : fn(std::false_type{});
 }
 
 }  // namespace flashtile::detail

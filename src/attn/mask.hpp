@@ -41,11 +41,6 @@ struct Mask {
   // i + seqlen_k - seqlen_q: the key on row i's diagonal (what causal is aligned to). It
   // lies in [seqlen_k - seqlen_q, seqlen_k) for every row i < seqlen_q, so it fits Int.
   FT_HOST_DEVICE Int diagonal(Int i) const { return static_cast<Int>(int64_t(i) + offset); }
-  // |i + seqlen_k - seqlen_q - j|: the distance ALiBi penalises.
-  FT_HOST_DEVICE Int distance(Int i, Int j) const {
-    const int64_t d = int64_t(i) + offset - int64_t(j);
-    return static_cast<Int>(d < 0 ? -d : d);
-  }
 
  private:
   FT_HOST_DEVICE Int clamp_key(int64_t key) const {

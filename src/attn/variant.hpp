@@ -40,14 +40,9 @@ FT_HOST_DEVICE double magnitude(double x) { return std::fabs(x); }
 template <class T>
 struct LogitsTransform {
   T scale = T(1);
-  T softcap = T(0), inv_softcap = T(0);  // 0 = off
-  T capped_scale = T(0);                 // scale / softcap: S/c = qk·capped_scale, one multiply
-  T slope = T(0);                        // ALiBi slope of this head; 0 = off
-
-  template <class Tanh = PreciseTanh>
-  FT_HOST_DEVICE T capped(T s, Tanh tanh = {}) const {
-    return softcap * tanh(s * inv_softcap);
-  }
+  T softcap = T(0);       // 0 = off
+  T capped_scale = T(0);  // scale / softcap: S/c = qk·capped_scale, one multiply
+  T slope = T(0);         // ALiBi slope of this head; 0 = off
 
   // scale·qk, capped when kSoftcap: c·tanh(scale·qk / c).
   template <bool kSoftcap, class Tanh = PreciseTanh>
@@ -87,7 +82,6 @@ FT_HOST_DEVICE LogitsTransform<T> logits_transform(const AttentionParams& p, int
   t.scale = T(p.scale);
   if (p.softcap != 0.0f) {
     t.softcap = T(p.softcap);
-    t.inv_softcap = T(1) / T(p.softcap);
     t.capped_scale = T(p.scale) / T(p.softcap);
   }
   if (p.alibi_slopes != nullptr)

@@ -300,7 +300,7 @@ HWY_INLINE BlockVisibility MaskedBlock(const Mask<int64_t>& mask, int64_t i0, in
 // ---- the logits of one tile ---------------------------------------------------------------
 // What attn/variant.hpp's LogitsTransform does after S = scale·q·k, on the registers of a
 // tile: the softcap (Q^T then carries scale / softcap, so S <- softcap·tanh(acc)) and ALiBi
-// (S <- S - slope·|i + offset - j|, Mask::distance).
+// (S <- S - slope·|i + offset - j|, LogitsTransform::alibi_bias).
 struct BlockLogits {
   float softcap;  // LogitsTransform::softcap (0 when off)
   float slope;    // ALiBi slope of the head (0 when off)
@@ -586,8 +586,7 @@ void QueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb, floa
   // past the end (their scores are computed and discarded). The rows go through O's scratch
   // first: whole-vector loads keep many cache misses in flight, and the transpose then
   // reads L1.
-  const float q_scale =
-      Flags::kSoftcap ? transform.scale * transform.inv_softcap : transform.scale;
+  const float q_scale = Flags::kSoftcap ? transform.capped_scale : transform.scale;
   PackRows<kDType>(p.q, seq.q_offset(p, b, i0, h), p.q_row_stride, rows, M, d, s.o, dpad);
   for (int64_t r = 0; r < M; ++r)
     for (int64_t c = 0; c < d; ++c) s.qt[c * M + r] = q_scale * s.o[r * dpad + c];

@@ -11,6 +11,7 @@
 #include "attn/block_range.hpp"
 #include "attn/mask.hpp"
 #include "attn/softmax_state.hpp"
+#include "attn/variant.hpp"
 
 namespace flashtile::detail {
 namespace {
@@ -70,9 +71,13 @@ TEST(Mask, CausalIsRightZeroBottomRight) {
 
 TEST(Mask, AlibiDistanceIsFromTheDiagonal) {
   const Mask<int> mask(-1, -1, 4, 6);  // offset 2
-  EXPECT_EQ(mask.distance(0, 2), 0);
-  EXPECT_EQ(mask.distance(0, 5), 3);
-  EXPECT_EQ(mask.distance(3, 0), 5);
+  EXPECT_EQ(mask.diagonal(0), 2);
+  EXPECT_EQ(mask.diagonal(3), 5);
+  LogitsTransform<double> logits;
+  logits.slope = 1.0;  // the bias is then minus the distance |i + sk - sq - j|
+  EXPECT_EQ(logits.alibi_bias(mask, 0, 2), 0.0);
+  EXPECT_EQ(logits.alibi_bias(mask, 0, 5), -3.0);
+  EXPECT_EQ(logits.alibi_bias(mask, 3, 0), -5.0);
 }
 
 TEST(KeyBlocks, CoverWhatRowsSeeAndMarkWholeBlocksExactly) {
