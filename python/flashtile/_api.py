@@ -297,11 +297,9 @@ attention.__doc__ = """Exact attention softmax(q·kᵀ·scale)·v, never materia
     """
 
 
-def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | None = None,
-                     max_seqlen_k: int | None = None, *, seqused_k=None, causal: bool = False,
-                     scale: float | None = None, window=(-1, -1), softcap: float = 0.0,
-                     alibi_slopes=None, sinks=None, return_lse: bool = False,
-                     backend: str = "auto", out=None):
+def _varlen_call(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                 seqused_k, causal, scale, window, softcap, alibi_slopes, sinks):
+    """The prepared call and options of attention_varlen / plan_varlen."""
     api = "flashtile.attention_varlen"
     options = _variant_options(api, causal, scale, window, softcap)
     options["max_seqlen_q"] = _optional_int(max_seqlen_q, "max_seqlen_q", api)
@@ -310,6 +308,17 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | No
                  _extras(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          seqused_k=seqused_k, alibi_slopes=alibi_slopes, sinks=sinks),
                  packed=True)
+    return call, options
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | None = None,
+                     max_seqlen_k: int | None = None, *, seqused_k=None, causal: bool = False,
+                     scale: float | None = None, window=(-1, -1), softcap: float = 0.0,
+                     alibi_slopes=None, sinks=None, return_lse: bool = False,
+                     backend: str = "auto", out=None):
+    call, options = _varlen_call(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, seqused_k, causal, scale, window, softcap,
+                                 alibi_slopes, sinks)
     total_q, heads, _ = call.arrays["q"].shape
     return _run(call, out, return_lse, (heads, total_q), backend, options)
 
@@ -356,14 +365,9 @@ def plan_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | None = 
     Takes flashtile.attention_varlen's arguments and raises what it would raise (nothing
     runs; cu_seqlens are read and checked).
     """
-    api = "flashtile.attention_varlen"
-    options = _variant_options(api, causal, scale, window, softcap)
-    options["max_seqlen_q"] = _optional_int(max_seqlen_q, "max_seqlen_q", api)
-    options["max_seqlen_k"] = _optional_int(max_seqlen_k, "max_seqlen_k", api)
-    call = _Call(api, _tensors(q, k, v),
-                 _extras(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                         seqused_k=seqused_k, alibi_slopes=alibi_slopes, sinks=sinks),
-                 packed=True)
+    call, options = _varlen_call(q, k, v, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, seqused_k, causal, scale, window, softcap,
+                                 alibi_slopes, sinks)
     return _plan(call, backend, options)
 
 
