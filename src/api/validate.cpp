@@ -308,6 +308,11 @@ AttentionParams Validator::run() {
   if (call_.options.scale) {
     if (!std::isfinite(*call_.options.scale))
       fail(ErrorKind::invalid_argument, "scale must be finite, got ", *call_.options.scale);
+    // Kernels that exponentiate in base 2 fold log2(e) into the scale: it must stay finite.
+    constexpr float kMaxScale = std::numeric_limits<float>::max() / 1.4426950408889634f;
+    if (std::fabs(*call_.options.scale) > kMaxScale)
+      fail(ErrorKind::invalid_argument, "scale must be at most ", kMaxScale,
+           " in magnitude (scale·log2(e) must be a finite float), got ", *call_.options.scale);
     scale = *call_.options.scale;
   }
   p.scale = scale;

@@ -9,7 +9,10 @@
 // so the final output is acc / l and the log-sum-exp is m + log(l).
 // Masking is the only source of an empty state: masked scores are -inf, and a row whose
 // every score is masked keeps m = -inf, l = 0 and finalises to 0 with LSE = -inf. A NaN
-// score never looks masked: it makes l NaN, and the row's output and LSE NaN.
+// score never looks masked: it makes l NaN, and the row's output and LSE NaN. Scores are
+// fp32 values: one beyond fp32's range is +-inf. A +inf score makes its row NaN (inf - inf),
+// and a row that sees keys but scores every one -inf is NaN too (nan_if_no_finite_score):
+// only masking empties a row.
 #pragma once
 
 #include <cmath>
@@ -98,6 +101,22 @@ FT_HOST_DEVICE MergeFactors<T> merge_states(SoftmaxState<T>& state, const Softma
 template <class T>
 FT_HOST_DEVICE SoftmaxState<T> state_from_lse(T lse) {
   return lse == -std::numeric_limits<T>::infinity() ? SoftmaxState<T>{} : SoftmaxState<T>{lse, T(1)};
+}
+
+// A row that sees keys but whose every score came out -inf (a score below fp32's range,
+// or -inf in an input) has no defined softmax; masking alone makes a row empty. Such a row
+// becomes NaN, as in PyTorch's math backend. Applied after the last key, before a sink:
+// to a state, and to the running max of a three-pass softmax.
+template <class T>
+FT_HOST_DEVICE void nan_if_no_finite_score(SoftmaxState<T>& state, bool row_sees_keys) {
+  if (row_sees_keys && state.m == -std::numeric_limits<T>::infinity())
+    state.l = std::numeric_limits<T>::quiet_NaN();
+}
+template <class T>
+FT_HOST_DEVICE T nan_if_no_finite_score(T row_max, bool row_sees_keys) {
+  return row_sees_keys && row_max == -std::numeric_limits<T>::infinity()
+             ? std::numeric_limits<T>::quiet_NaN()
+             : row_max;
 }
 
 // An attention sink: a logit that joins the denominator with no value (its accumulator is

@@ -626,6 +626,7 @@ void QueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb, floa
   const int64_t vec_end = d / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
     SoftmaxState<float> state{s.m[r], s.l[r]};
+    nan_if_no_finite_score(state, mask.visible_keys(i0 + r) > 0);
     const float sink_factor = add_sink(state, sink);
     const float to_output = sink_factor * output_scale(state);
     const float* o_row = s.o + r * dpad;

@@ -10,6 +10,7 @@
 
 #include "api/backend.hpp"
 #include "attn/seqlen.hpp"
+#include "attn/softmax_state.hpp"
 #include "attn/variant.hpp"
 #include "common/numeric.hpp"
 
@@ -22,6 +23,17 @@ using Seqlen = detail::SeqlenInfo<int64_t>;
 // Row of the oracle's contiguous output (q's shape) holding query i of sequence b.
 int64_t contiguous_row(const AttentionParams& p, int64_t b, const Seqlen& seq, int64_t i) {
   return (p.is_varlen() ? 0 : b * p.seqlen_q) + seq.q_start + i;
+}
+
+// What an fp32 kernel holds for the dot product q·k and for scale·q·k: the exact double
+// where both fit fp32's range, else +-inf (the sign of the product). Scores are fp32 values
+// on every backend; the oracle rounds them to fp32's range the same way, so that a score
+// overflow gives what the kernels give (attn/softmax_state.hpp says what that is).
+template <class Acc>
+Acc in_fp32_range(Acc dot, Acc scale) {
+  constexpr Acc kMax = std::numeric_limits<float>::max();
+  if (std::fabs(dot) <= kMax && std::fabs(dot * scale) <= kMax) return dot;
+  return std::isnan(dot) ? dot : std::copysign(std::numeric_limits<Acc>::infinity(), dot);
 }
 
 // Standard attention for one (batch, head, query row): three passes over the keys it sees.
@@ -38,18 +50,21 @@ void reference_row(const AttentionParams& p, int64_t b, int64_t h, const Seqlen&
   const int64_t first = mask.first_key(i), end = mask.key_end(i);
   const int64_t d = p.head_dim;
   for (int64_t c = 0; c < d; ++c) out_row[c] = 0;
-  // The sink joins the max and the denominator; -inf without one.
-  const Acc sink = detail::sink_logit<Acc>(p, h);
-  Acc max_score = sink;
+  Acc max_score = -std::numeric_limits<Acc>::infinity();
   for (int64_t j = first; j < end; ++j) {
     const int64_t k_off = seq.k_offset(p, b, j, hk);
     Acc dot = 0;
     for (int64_t c = 0; c < d; ++c)
       dot += Acc(detail::load_as_float(p.q, p.dtype, q_off + c)) *
              Acc(detail::load_as_float(p.k, p.dtype, k_off + c));
-    scores[j - first] = round(logits(dot, mask, i, j));
-    max_score = std::max(max_score, scores[j - first]);  // a NaN score stays NaN below
+    scores[j - first] = round(logits(in_fp32_range(dot, logits.scale), mask, i, j));
+    // std::max keeps its first argument against a NaN: a NaN score stays NaN below.
+    max_score = std::max(max_score, scores[j - first]);
   }
+  max_score = detail::nan_if_no_finite_score(max_score, end > first);
+  // The sink joins the max and the denominator; -inf without one.
+  const Acc sink = detail::sink_logit<Acc>(p, h);
+  max_score = std::isnan(max_score) ? max_score : std::max(max_score, sink);
   if (max_score == -std::numeric_limits<Acc>::infinity()) {  // nothing visible, no sink
     *lse = max_score;
     return;

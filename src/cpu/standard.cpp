@@ -8,6 +8,7 @@
 
 #include "api/backend.hpp"
 #include "attn/seqlen.hpp"
+#include "attn/softmax_state.hpp"
 #include "common/numeric.hpp"
 
 namespace flashtile::detail {
@@ -61,6 +62,7 @@ void run_standard(const AttentionParams& p) {
         float* row = S + i * n_k;
         float row_max = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < n_k; ++j) row_max = std::max(row_max, row[j]);
+        row_max = nan_if_no_finite_score(row_max, mask.visible_keys(i) > 0);
         float sum = 0.0f;
         for (int64_t j = 0; j < n_k; ++j) {
           row[j] = row_max == -std::numeric_limits<float>::infinity() ? 0.0f
@@ -73,10 +75,11 @@ void run_standard(const AttentionParams& p) {
           p.lse[seq.lse_index(p, b, h, i)] =
               sum == 0.0f ? -std::numeric_limits<float>::infinity() : row_max + std::log(sum);
       }
-      // O = P·V.
+      // O = P·V over the keys row i sees: a masked key's value is not read (a NaN there
+      // would survive its zero probability).
       for (int64_t i = 0; i < n_q; ++i) {
         for (int64_t c = 0; c < d; ++c) O[i * d + c] = 0.0f;
-        for (int64_t j = 0; j < n_k; ++j) {
+        for (int64_t j = 0; j < mask.key_end(i); ++j) {
           const float prob = S[i * n_k + j];
           for (int64_t c = 0; c < d; ++c) O[i * d + c] += prob * V[j * d + c];
         }

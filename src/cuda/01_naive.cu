@@ -99,6 +99,7 @@ __global__ void __launch_bounds__(kNaiveThreads) naive_forward_kernel(const Atte
     for (int c = 0; c < kHeadDim; ++c) acc[c] = acc[c] * alpha + score * row[c];
   }
 
+  nan_if_no_finite_score(state, n_keys > 0);
   const float inv_l = output_scale(state);
   float* o_row = bshd_ptr(static_cast<float*>(p.o), b, i, h, p.o_batch_stride, p.o_row_stride,
                           p.o_head_stride);

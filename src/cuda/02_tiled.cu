@@ -142,6 +142,7 @@ __global__ void __launch_bounds__(TiledTraits<kHeadDim>::kThreads)
   }
 
   if (i >= p.seqlen_q) return;
+  nan_if_no_finite_score(state, row_key_end > 0);
   const float inv_l = output_scale(state);
   float* o_row = bshd_ptr(static_cast<float*>(p.o), b, i, h, p.o_batch_stride, p.o_row_stride,
                           p.o_head_stride);

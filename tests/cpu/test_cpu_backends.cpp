@@ -7,6 +7,7 @@
 #include "support/oracle_check.hpp"
 #include "testing/attention_case.hpp"
 #include "support/backend_grid.hpp"
+#include "support/nonfinite_cases.hpp"
 
 namespace flashtile {
 namespace {
@@ -58,6 +59,28 @@ TEST_P(CpuBackend, HeadDimTails) {
     s.causal = d % 16 == 8;
     expect_matches_oracle(GetParam(), s);
   }
+}
+
+// The NaN/Inf rule (docs/VARIANTS.md): NaN where the oracle has NaN, in every dtype the
+// backend serves; cases a backend refuses (variants on a journey step) are skipped.
+TEST_P(CpuBackend, NonFiniteValuesFollowTheRule) {
+  int ran = 0;
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+    for (const testing::NonFiniteCase& nf : testing::nonfinite_cases(dtype, /*variants=*/true)) {
+      AttentionCase c(nf.shape);
+      nf.plant(c);
+      const Options o = c.options(GetParam());
+      try {
+        plan(c.q.view, c.k.view, c.v.view, c.out.view, o);
+      } catch (const Error&) {
+        continue;
+      }
+      forward(c.q.view, c.k.view, c.v.view, c.out.view, o);
+      EXPECT_TRUE(testing::matches_nonfinite_oracle(c, testing::nonfinite_tolerance(dtype), nf.expect_nan))
+          << backend_name(GetParam()) << " " << dtype_name(dtype) << " " << nf.name;
+      ++ran;
+    }
+  EXPECT_GE(ran, 6) << backend_name(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CpuBackend, ::testing::ValuesIn(cpu_backends()),

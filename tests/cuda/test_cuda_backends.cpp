@@ -10,6 +10,7 @@
 #include "support/oracle_check.hpp"
 #include "support/backend_grid.hpp"
 #include "support/device_case.hpp"
+#include "support/nonfinite_cases.hpp"
 
 namespace flashtile {
 namespace {
@@ -157,6 +158,31 @@ TEST(CudaDevices, CallersCurrentDeviceIsRestored) {
       EXPECT_TRUE(testing::matches_oracle(c)) << backend_name(backend);
     }
   }
+}
+
+// The NaN/Inf rule (docs/VARIANTS.md) on every CUDA backend and the dtypes it serves,
+// variants included where the backend takes them.
+TEST(CudaBackends, NonFiniteValuesFollowTheRule) {
+  FLASHTILE_SKIP_WITHOUT_CUDA();
+  int ran = 0;
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+    for (Backend b : cuda_backends_for(dtype))
+      for (const testing::NonFiniteCase& nf : testing::nonfinite_cases(dtype, /*variants=*/true)) {
+        AttentionCase c(nf.shape);
+        nf.plant(c);
+        DeviceCase d(c);
+        const Options o = d.options(c, b);
+        try {
+          plan(d.q.view, d.k.view, d.v.view, d.out.view, o);
+        } catch (const Error&) {
+          continue;  // a journey step and a variant
+        }
+        d.run(c, o);
+        EXPECT_TRUE(testing::matches_nonfinite_oracle(c, testing::nonfinite_tolerance(dtype), nf.expect_nan))
+            << backend_name(b) << " " << dtype_name(dtype) << " " << nf.name;
+        ++ran;
+      }
+  EXPECT_GE(ran, 10);
 }
 
 }  // namespace

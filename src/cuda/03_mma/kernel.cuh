@@ -462,10 +462,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       SoftmaxState<float> st = state[mt][half];
       st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
       st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+      const int local_row = warp_row0 + mt * 16 + g + 8 * half;
+      const int row = row_start + local_row;
+      nan_if_no_finite_score(st, mask.visible_keys(row) > 0);
       // add_sink would leave a state without sinks unchanged; the branch spares its exps.
       const float sink_factor = p.sinks != nullptr ? add_sink(st, sink) : 1.0f;
       const float out_scale = sink_factor * output_scale(st);  // 0 for a fully masked row
-      const int local_row = warp_row0 + mt * 16 + g + 8 * half;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         // Conflict-free: the quad writes one 16-byte chunk, the 8 rows 8 distinct ones.
@@ -473,7 +475,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
             ptx::pack2<T>(o[mt][dt][2 * half] * out_scale, o[mt][dt][2 * half + 1] * out_scale);
         *reinterpret_cast<uint32_t*>(smem + swizzle<Cfg>(local_row, dt) + 4 * t) = packed;
       }
-      const int row = row_start + local_row;
       if (p.lse != nullptr && t == 0 && row < seq.seqlen_q)
         p.lse[seq.lse_index(p, b, h, row)] = log_sum_exp(st);
     }
