@@ -87,7 +87,12 @@ class Validator {
   void check_param_view(const ParamView& view, const char* name, int64_t batch, bool allow_2d,
                         int64_t& batch_stride, int64_t& head_stride);
   void read_varlen(AttentionParams& p);
-  std::vector<int32_t> read_int32(const int32_t* data, int64_t n, const char* name) const;
+  struct NamedInt32Read {
+    Int32Read read;
+    const char* name;
+  };
+  // Reads the varlen arrays on the host (device arrays in one batch), or fails naming one.
+  void read_int32(const std::vector<NamedInt32Read>& reads) const;
   void normalise_window(AttentionParams& p) const;
 
   const CallArgs& call_;
@@ -150,14 +155,19 @@ void Validator::check_param_view(const ParamView& view, const char* name, int64_
                               {batch_stride, head_stride}, int64_t(sizeof(float)), name));
 }
 
-std::vector<int32_t> Validator::read_int32(const int32_t* data, int64_t n, const char* name) const {
-  if (data == nullptr) fail(ErrorKind::invalid_argument, "varlen.", name, " is null");
-  if (call_.q.device.type == DeviceType::cpu) return std::vector<int32_t>(data, data + n);
-  std::vector<int32_t> host;
-  const std::string why = copy_device_int32_to_host(data, n, call_.q.device.index,
-                                                    call_.options.stream, host);
-  if (!why.empty()) fail(ErrorKind::invalid_argument, "varlen.", name, " ", why);
-  return host;
+void Validator::read_int32(const std::vector<NamedInt32Read>& reads) const {
+  for (const NamedInt32Read& r : reads)
+    if (r.read.src == nullptr) fail(ErrorKind::invalid_argument, "varlen.", r.name, " is null");
+  if (call_.q.device.type == DeviceType::cpu) {
+    for (const NamedInt32Read& r : reads) r.read.dst->assign(r.read.src, r.read.src + r.read.n);
+    return;
+  }
+  std::vector<Int32Read> batch;
+  for (const NamedInt32Read& r : reads) batch.push_back(r.read);
+  const Int32ReadFailure failure =
+      copy_device_int32_to_host(batch, call_.q.device.index, call_.options.stream);
+  if (!failure.why.empty())
+    fail(ErrorKind::invalid_argument, "varlen.", reads[failure.index].name, " ", failure.why);
 }
 
 // Reads cu_seqlens (and seqused_k) on the host, checks them against the packed tensors, and
@@ -169,10 +179,11 @@ void Validator::read_varlen(AttentionParams& p) {
   if (batch >= std::numeric_limits<int32_t>::max())
     fail(ErrorKind::invalid_argument, "varlen.batch must be < 2^31 - 1, got ", batch);
   const int64_t total_q = call_.q.seqlen(), total_k = call_.k.seqlen();
-  const std::vector<int32_t> cu_q = read_int32(varlen.cu_seqlens_q, batch + 1, "cu_seqlens_q");
-  const std::vector<int32_t> cu_k = read_int32(varlen.cu_seqlens_k, batch + 1, "cu_seqlens_k");
-  std::vector<int32_t> used;
-  if (varlen.seqused_k != nullptr) used = read_int32(varlen.seqused_k, batch, "seqused_k");
+  std::vector<int32_t> cu_q, cu_k, used;
+  std::vector<NamedInt32Read> reads = {{{varlen.cu_seqlens_q, batch + 1, &cu_q}, "cu_seqlens_q"},
+                                       {{varlen.cu_seqlens_k, batch + 1, &cu_k}, "cu_seqlens_k"}};
+  if (varlen.seqused_k != nullptr) reads.push_back({{varlen.seqused_k, batch, &used}, "seqused_k"});
+  read_int32(reads);  // one device-to-host copy and one synchronisation for all of them
 
   // Every query row belongs to a sequence (so every row of out is written); keys may
   // leave rows unused at the end of k (a cache with spare room).

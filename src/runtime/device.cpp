@@ -112,41 +112,82 @@ float event_pair_record_stop_ms(EventPair* events) {
 
 
 namespace detail {
-std::string copy_device_int32_to_host(const int32_t* src, int64_t n, int device, void* stream_ptr,
-                                      std::vector<int32_t>& dst) {
+namespace {
+// Page-locked staging memory of the calling thread, grown on demand and kept: a device-to-
+// host copy into pageable memory goes through the driver's own staging, about twice as
+// slow for these few bytes. One per thread, so concurrent callers never share it.
+struct PinnedStaging {
+  void* data = nullptr;
+  size_t bytes = 0;
+  ~PinnedStaging() {
+    if (data != nullptr) cudaFreeHost(data);
+  }
+  cudaError_t reserve(size_t needed) {
+    if (needed <= bytes) return cudaSuccess;
+    if (data != nullptr) cudaFreeHost(data);
+    data = nullptr;
+    bytes = 0;
+    const cudaError_t status = cudaHostAlloc(&data, needed, cudaHostAllocDefault);
+    if (status == cudaSuccess) bytes = needed;
+    return status;
+  }
+};
+thread_local PinnedStaging staging;
+}  // namespace
+
+Int32ReadFailure copy_device_int32_to_host(const std::vector<Int32Read>& reads, int device,
+                                           void* stream_ptr) {
   auto error = [](const char* what, cudaError_t status) {
     cudaGetLastError();
     return std::string(what) + " failed: " + cudaGetErrorString(status);
   };
-  cudaPointerAttributes attributes{};
-  if (cudaError_t status = cudaPointerGetAttributes(&attributes, src); status != cudaSuccess)
-    return error("cudaPointerGetAttributes", status);
-  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
-    return "must point to CUDA device memory (got host memory)";
-  if (attributes.type == cudaMemoryTypeDevice && attributes.device != device)
-    return "must be on cuda:" + std::to_string(device) + " (got cuda:" +
-           std::to_string(attributes.device) + ")";
+  size_t total = 0;
+  for (size_t r = 0; r < reads.size(); ++r) {
+    cudaPointerAttributes attributes{};
+    if (cudaError_t status = cudaPointerGetAttributes(&attributes, reads[r].src);
+        status != cudaSuccess)
+      return {error("cudaPointerGetAttributes", status), r};
+    if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
+      return {"must point to CUDA device memory (got host memory)", r};
+    if (attributes.type == cudaMemoryTypeDevice && attributes.device != device)
+      return {"must be on cuda:" + std::to_string(device) + " (got cuda:" +
+                  std::to_string(attributes.device) + ")",
+              r};
+    total += static_cast<size_t>(reads[r].n);
+  }
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  std::string why;
   try {
     const DeviceGuard on_device(device);
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaError_t status = cudaStreamIsCapturing(stream, &capture); status != cudaSuccess) {
-      why = error("cudaStreamIsCapturing", status);
-    } else if (capture != cudaStreamCaptureStatusNone) {
-      why = "are read on the host for validation, which cannot happen while the stream is "
-            "being captured into a CUDA graph";
-    } else {
-      dst.resize(static_cast<size_t>(n));
-      cudaError_t status = cudaMemcpyAsync(dst.data(), src, static_cast<size_t>(n) * sizeof(int32_t),
-                                           cudaMemcpyDeviceToHost, stream);
-      if (status == cudaSuccess) status = cudaStreamSynchronize(stream);
-      if (status != cudaSuccess) why = error("reading them", status);
+    if (cudaError_t status = cudaStreamIsCapturing(stream, &capture); status != cudaSuccess)
+      return {error("cudaStreamIsCapturing", status), 0};
+    if (capture != cudaStreamCaptureStatusNone)
+      return {"are read on the host for validation, which cannot happen while the stream is "
+              "being captured into a CUDA graph",
+              0};
+    if (cudaError_t status = staging.reserve(total * sizeof(int32_t)); status != cudaSuccess)
+      return {error("allocating pinned memory to read them", status), 0};
+    auto* host = static_cast<int32_t*>(staging.data);
+    size_t offset = 0;
+    for (size_t r = 0; r < reads.size(); ++r) {
+      const size_t n = static_cast<size_t>(reads[r].n);
+      if (cudaError_t status = cudaMemcpyAsync(host + offset, reads[r].src, n * sizeof(int32_t),
+                                               cudaMemcpyDeviceToHost, stream);
+          status != cudaSuccess)
+        return {error("reading them", status), r};
+      offset += n;
+    }
+    if (cudaError_t status = cudaStreamSynchronize(stream); status != cudaSuccess)
+      return {error("reading them", status), 0};
+    offset = 0;
+    for (const Int32Read& read : reads) {
+      read.dst->assign(host + offset, host + offset + read.n);
+      offset += static_cast<size_t>(read.n);
     }
   } catch (const Error& e) {
-    why = e.what();
+    return {e.what(), 0};
   }
-  return why;
+  return {};
 }
 }  // namespace detail
 
@@ -176,8 +217,8 @@ void event_pair_record_start(EventPair*) { no_cuda(); }
 float event_pair_record_stop_ms(EventPair*) { no_cuda(); }
 }  // namespace detail
 namespace detail {
-std::string copy_device_int32_to_host(const int32_t*, int64_t, int, void*, std::vector<int32_t>&) {
-  return "flashtile was built without CUDA";
+Int32ReadFailure copy_device_int32_to_host(const std::vector<Int32Read>&, int, void*) {
+  return {"flashtile was built without CUDA", 0};
 }
 }  // namespace detail
 

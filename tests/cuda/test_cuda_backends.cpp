@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "support/oracle_check.hpp"
 #include "support/backend_grid.hpp"
@@ -183,6 +184,89 @@ TEST(CudaBackends, NonFiniteValuesFollowTheRule) {
         ++ran;
       }
   EXPECT_GE(ran, 10);
+}
+
+// Eight host threads on four CUDA streams get bitwise the results of one thread: the CUDA
+// backends and the varlen validation (its pinned staging is per thread) keep no shared
+// mutable state between calls.
+TEST(CudaThreads, EightThreadsOnFourStreamsMatchSerialBitwise) {
+  FLASHTILE_SKIP_WITHOUT_CUDA();
+  constexpr int kThreads = 8, kStreams = 4;
+  std::vector<Backend> backends;
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (Backend b : cuda_backends_for(dtype)) backends.push_back(b);
+  std::vector<cudaStream_t> streams(kStreams);
+  for (cudaStream_t& st : streams) ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  int tested = 0;
+  for (Backend backend : backends) {
+    // Varlen batches in a quarter of the threads, where the backend takes them.
+    std::vector<AttentionCase> cases;
+    std::vector<DeviceCase> device;
+    std::vector<Options> options;
+    auto build = [&](bool with_varlen) {
+      cases.clear(), device.clear(), options.clear();
+      cases.reserve(kThreads), device.reserve(kThreads);
+      for (int t = 0; t < kThreads; ++t) {
+        Shape s;
+        s.batch = 1 + t % 2, s.heads_q = 4, s.heads_kv = 2, s.head_dim = 64;
+        s.seqlen_q = 100 + 37 * t, s.seqlen_k = 130 + 29 * t;
+        s.causal = t % 2 == 1;
+        s.dtype = backend == Backend::cuda_mma ? DType::bf16 : DType::f32;
+        if (with_varlen && t % 4 == 3) s.varlen_q = {17, 1, 90 + t}, s.varlen_k = {40, 0, 70 + t};
+        cases.emplace_back(s, 300 + t);
+      }
+      for (const AttentionCase& c : cases) device.emplace_back(c);
+      for (int t = 0; t < kThreads; ++t) {
+        options.push_back(device[t].options(cases[t], backend));
+        options.back().stream = streams[t % kStreams];
+        try {
+          testing::plan_call(device[t].q.view, device[t].k.view, device[t].v.view, device[t].out.view,
+                    options.back(), device[t].varlen(cases[t]));
+        } catch (const Error&) {
+          return false;
+        }
+      }
+      return true;
+    };
+    if (!build(/*with_varlen=*/true)) ASSERT_TRUE(build(/*with_varlen=*/false)) << backend_name(backend);
+    auto run_on_stream = [&](int t) {
+      DeviceCase& d = device[t];
+      d.poison();
+      testing::run_forward(d.q.view, d.k.view, d.v.view, d.out.view, options[t], d.varlen(cases[t]));
+      if (cudaStreamSynchronize(streams[t % kStreams]) != cudaSuccess)
+        throw std::runtime_error("cudaStreamSynchronize failed");
+      d.copy_back(cases[t]);
+    };
+    std::vector<testing::HostBytes> serial_out;
+    std::vector<std::vector<float>> serial_lse;
+    for (int t = 0; t < kThreads; ++t) {
+      run_on_stream(t);
+      EXPECT_TRUE(testing::matches_oracle(cases[t])) << backend_name(backend) << " case " << t;
+      serial_out.push_back(cases[t].out.bytes);
+      serial_lse.push_back(cases[t].lse);
+    }
+    std::vector<std::thread> threads;
+    std::vector<std::string> errors(kThreads);
+    for (int t = 0; t < kThreads; ++t)
+      threads.emplace_back([&, t] {
+        try {
+          for (int repeat = 0; repeat < 5; ++repeat) {
+            cases[t].poison();
+            run_on_stream(t);
+            if (cases[t].out.bytes != serial_out[t] || cases[t].lse != serial_lse[t])
+              errors[t] = "differs from the serial result";
+          }
+        } catch (const std::exception& e) {
+          errors[t] = e.what();
+        }
+      });
+    for (std::thread& th : threads) th.join();
+    for (int t = 0; t < kThreads; ++t)
+      EXPECT_EQ(errors[t], "") << backend_name(backend) << " thread " << t;
+    ++tested;
+  }
+  for (cudaStream_t st : streams) cudaStreamDestroy(st);
+  EXPECT_GE(tested, 2);  // cuda_tiled (fp32) and cuda_mma (bf16) at least
 }
 
 }  // namespace
