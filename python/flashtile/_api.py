@@ -218,6 +218,21 @@ def _extras(**arrays) -> dict:
     return {name: x for name, x in arrays.items() if x is not None}
 
 
+def _require_writable(out, api: str):
+    """Refuses an out= that must not be written: read-only numpy arrays, JAX arrays (JAX
+    arrays are immutable, though their DLPack export does not say so) and DLPack exports
+    flagged read-only."""
+    if isinstance(out, np.ndarray):
+        if not out.flags.writeable:
+            raise ValueError(f"{api}: out is a read-only array")
+        return
+    if type(out).__module__.split(".")[0] in ("jax", "jaxlib"):
+        raise ValueError(f"{api}: out cannot be a JAX array: JAX arrays are immutable; use the "
+                         "returned array (and flashtile.jax inside jax.jit)")
+    if not _flashtile.is_writable_array(out):
+        raise ValueError(f"{api}: out is read-only (its DLPack export is flagged read-only)")
+
+
 def _run(call: _Call, out, return_lse: bool, lse_shape, backend: str, options: dict):
     """Allocates what the caller did not give, runs the call, returns out (and lse)."""
     return_lse = _flag(return_lse, "return_lse", call.api)
@@ -225,8 +240,7 @@ def _run(call: _Call, out, return_lse: bool, lse_shape, backend: str, options: d
     caller_out = out is not None
     if caller_out:
         out_ = call.arrays["out"]
-        if isinstance(out_, np.ndarray) and not out_.flags.writeable:
-            raise ValueError(f"{call.api}: out is a read-only array")
+        _require_writable(out_, call.api)
     else:
         out, out_ = call.empty(tuple(q.shape), call.dtype)
     lse = lse_ = None

@@ -432,4 +432,10 @@ NB_MODULE(_flashtile, m) {
   m.def("cuda_device_count", &flashtile::cuda_device_count);
   m.def("cuda_synchronize", &flashtile::cuda_synchronize, "device"_a,
         nb::call_guard<nb::gil_scoped_release>());
+  // Whether `a` imports as a writable array: a DLPack export flagged read-only does not,
+  // so out= can be refused with a message instead of "incompatible function arguments".
+  m.def("is_writable_array", [](nb::handle a) {
+    nb::ndarray<> writable;
+    return nb::try_cast(a, writable);
+  });
 }

@@ -52,6 +52,16 @@ def test_jax_arrays(rng, platform):
     assert float(jax.numpy.abs(out - qj.mean()).sum()) > 0
 
 
+def test_jax_array_as_out_is_refused_and_untouched(rng):
+    jax = pytest.importorskip("jax")
+    q, k, v = random_case(rng, 1, 8, 8, 2, 2, 16)
+    out = jax.numpy.full(q.shape, jax.numpy.nan, jax.numpy.float32)
+    qj, kj, vj = (jax.numpy.asarray(x) for x in (q, k, v))
+    with pytest.raises(ValueError, match="out cannot be a JAX array: JAX arrays are immutable"):
+        flashtile.attention(qj, kj, vj, out=out)
+    assert bool(jax.numpy.isnan(out).all())
+
+
 def test_cupy_arrays(rng):
     cupy = pytest.importorskip("cupy")
     if not _flashtile_cuda() or cupy.cuda.runtime.getDeviceCount() == 0:

@@ -258,6 +258,31 @@ def test_read_only_out_is_refused_and_untouched(rng):
     assert np.isnan(out).all()
 
 
+class _DLPackOnly:
+    """A bare DLPack producer (no numpy type), as any framework's array looks to flashtile."""
+
+    def __init__(self, array):
+        self.array, self.shape, self.dtype = array, array.shape, array.dtype
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_out_flagged_read_only_by_dlpack_is_refused_and_untouched(rng):
+    q, k, v = (_DLPackOnly(x) for x in random_case(rng, 1, 8, 8, 2, 2, 16))
+    out = np.full(q.shape, np.nan, np.float32)
+    out.flags.writeable = False  # numpy's versioned DLPack export flags it read-only
+    with pytest.raises(ValueError, match="out is read-only .its DLPack export is flagged"):
+        flashtile.attention(q, k, v, out=_DLPackOnly(out))
+    assert np.isnan(out).all()
+    writable = np.full(q.shape, np.nan, np.float32)
+    flashtile.attention(q, k, v, out=_DLPackOnly(writable))
+    assert np.isfinite(writable).all()
+
+
 def test_out_that_aliases_itself_is_refused(rng):
     q, k, v = random_case(rng, 1, 8, 8, 2, 2, 16)
     base = np.zeros(16, np.float32)
