@@ -48,7 +48,7 @@ for tool in memcheck racecheck; do
   FLASHTILE_SMALL_GRID=1 step ${tool}_mma compute-sanitizer --tool $tool --error-exitcode 1 \
     $build/tests/flashtile_cuda_mma_tests --gtest_filter="$mma_subset"
 done
-step check $build/tools/flashtile check --shapes "${CHECK_SHAPES:-1000}"
+step check $build/tools/flashtile check --shapes "${CHECK_SHAPES:-10000}"
 step cli_hardening python3 tests/cli/test_hardening.py $build/tools/flashtile
 TAIL=12 step bench $build/tools/flashtile bench
 TAIL=12 step bench_long $build/tools/flashtile bench --seqlen 131072 --repeats 3 --warmup 1 \

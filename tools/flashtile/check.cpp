@@ -10,6 +10,8 @@
 #include <map>
 #include <random>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "flashtile/reference.hpp"
@@ -109,6 +111,63 @@ struct Tally {
   double worst_ratio = 0;  // max error / bound over the shapes run
 };
 
+// What one backend did with one draw in one dtype.
+struct Outcome {
+  Backend backend = Backend::automatic;
+  DType dtype = DType::f32;
+  bool ran = false, passed = false;
+  double ratio = 0;     // error / bound
+  std::string failure;  // the FAIL line
+};
+struct DrawResult {
+  bool variant = false;  // the validated shape kept a variant
+  std::vector<Outcome> outcomes;
+};
+
+// One draw: the shape in every dtype, the oracle once per dtype, then each wanted backend.
+// Runs on one thread (the oracle's own parallel loop is nested, hence serial, here).
+DrawResult run_draw(const Shape& base, uint32_t seed, const std::vector<Backend>& wanted) {
+  DrawResult result;
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    Shape shape = base;
+    shape.dtype = dtype;
+    Workload work(shape, seed);
+    result.variant = host_params(work).has_variant();
+    std::optional<ReferenceResult> exact, lowprec;
+    for (Backend backend : wanted) {
+      Outcome outcome;
+      outcome.backend = backend;
+      outcome.dtype = dtype;
+      try {
+        plan_for(work, backend);
+      } catch (const Error&) {
+        result.outcomes.push_back(outcome);  // unsupported
+        continue;
+      }
+      if (!exact) {
+        exact = work.host.reference();
+        if (dtype != DType::f32) lowprec = work.host.reference(ReferencePrecision::lowprec);
+      }
+      run_once(work, backend);
+      const Verification v = verify_against(*exact, lowprec ? &*lowprec : nullptr,
+                                            work.host.out.view, work.host.lse.data());
+      outcome.ran = true;
+      outcome.passed = v.pass();
+      outcome.ratio = std::max(v.out_error / std::max(v.out_bound, 1e-300),
+                               v.lse_error / std::max(v.lse_bound, 1e-300));
+      if (!outcome.passed) {
+        char line[512];
+        std::snprintf(line, sizeof line, "FAIL %s %s: out err %.3g (bound %.3g), lse err %.3g (bound %.3g)\n",
+                      std::string(backend_name(backend)).c_str(), work.host.shape.describe().c_str(),
+                      v.out_error, v.out_bound, v.lse_error, v.lse_bound);
+        outcome.failure = line;
+      }
+      result.outcomes.push_back(outcome);
+    }
+  }
+  return result;
+}
+
 }  // namespace
 
 int run_check(const CheckOptions& o) {
@@ -145,60 +204,58 @@ int run_check(const CheckOptions& o) {
     return variant_runs[b] > 0 || variant_refusals[b] < kVariantProbes;
   };
   const int max_draws = 20 * o.shapes;
+  // Draws run in batches, one draw per thread: the shapes are drawn in order from the one
+  // generator and the results folded in draw order, so the report does not depend on the
+  // thread count. A batch may take a backend a few shapes past `shapes`.
+  const int batch_size = 4 * omp_get_max_threads();
   int draws = 0;
   while (draws < max_draws && std::any_of(backends.begin(), backends.end(), needs_more)) {
-    const int n = draws++;
     std::vector<Backend> wanted;
     for (Backend b : backends)
       if (needs_more(b)) wanted.push_back(b);
     const bool variant_wanted = std::any_of(wanted.begin(), wanted.end(), may_take_variants);
-    const Shape base = variant_wanted && rng() % 2 == 0 ? random_variant_shape(rng, o.max_seqlen)
-                                                        : random_dense_shape(rng, o.max_seqlen);
-    // What the validator leaves of it: a window past every key is no window.
-    bool variant = false;
-    std::set<Backend> ran_this_draw;
-    for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
-      Shape shape = base;
-      shape.dtype = dtype;
-      Workload work(shape, o.seed + n);
-      variant = host_params(work).has_variant();
-      std::optional<ReferenceResult> exact, lowprec;
-      for (Backend backend : wanted) {
-        Tally& tally = tallies[{backend, dtype}];
-        try {
-          plan_for(work, backend);
-        } catch (const Error&) {
+    const int batch = std::min(batch_size, max_draws - draws);
+    std::vector<Shape> shapes;
+    for (int i = 0; i < batch; ++i)
+      shapes.push_back(variant_wanted && rng() % 2 == 0 ? random_variant_shape(rng, o.max_seqlen)
+                                                        : random_dense_shape(rng, o.max_seqlen));
+    std::vector<DrawResult> results(static_cast<size_t>(batch));
+    std::vector<std::string> errors(static_cast<size_t>(batch));
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < batch; ++i) {
+      try {
+        results[i] = run_draw(shapes[i], o.seed + uint32_t(draws + i), wanted);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();  // rethrown below, outside the parallel region
+      }
+    }
+    for (int i = 0; i < batch; ++i) {
+      if (!errors[i].empty()) throw Error(ErrorKind::runtime, errors[i]);
+      const DrawResult& r = results[i];
+      std::set<Backend> ran_this_draw;
+      for (const Outcome& outcome : r.outcomes) {
+        Tally& tally = tallies[{outcome.backend, outcome.dtype}];
+        if (!outcome.ran) {
           ++tally.unsupported;
           continue;
         }
-        if (!exact) {
-          exact = work.host.reference();
-          if (dtype != DType::f32) lowprec = work.host.reference(ReferencePrecision::lowprec);
-        }
         ++tally.run;
-        tally.variants += variant;
-        ran_this_draw.insert(backend);
-        run_once(work, backend);
-        const Verification v = verify_against(*exact, lowprec ? &*lowprec : nullptr,
-                                              work.host.out.view, work.host.lse.data());
-        const double ratio = std::max(v.out_error / std::max(v.out_bound, 1e-300),
-                                      v.lse_error / std::max(v.lse_bound, 1e-300));
-        tally.worst_ratio = std::max(tally.worst_ratio, ratio);
-        if (v.pass()) {
+        tally.variants += r.variant;
+        ran_this_draw.insert(outcome.backend);
+        tally.worst_ratio = std::max(tally.worst_ratio, outcome.ratio);
+        if (outcome.passed) {
           ++tally.passed;
         } else {
           ++tally.failed;
-          if (failures_shown++ < 20)
-            std::printf("FAIL %s %s: out err %.3g (bound %.3g), lse err %.3g (bound %.3g)\n",
-                        std::string(backend_name(backend)).c_str(), work.host.shape.describe().c_str(),
-                        v.out_error, v.out_bound, v.lse_error, v.lse_bound);
+          if (failures_shown++ < 20) std::fputs(outcome.failure.c_str(), stdout);
         }
       }
+      for (Backend b : ran_this_draw) ++runs[b];
+      if (r.variant)
+        for (Backend b : wanted) ++(ran_this_draw.count(b) ? variant_runs[b] : variant_refusals[b]);
     }
-    for (Backend b : ran_this_draw) ++runs[b];
-    if (variant)
-      for (Backend b : wanted) ++(ran_this_draw.count(b) ? variant_runs[b] : variant_refusals[b]);
-    if ((n + 1) % 20 == 0) std::fprintf(stderr, "drew %d shapes\n", n + 1);
+    draws += batch;
+    std::fprintf(stderr, "drew %d shapes\n", draws);
   }
 
   std::printf("\n%-14s %-9s %6s %9s %6s %6s %12s %16s  %s\n", "backend", "dtype", "run",
