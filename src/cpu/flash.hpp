@@ -20,18 +20,47 @@ inline constexpr int64_t kMaxHeadDim = 256;
 
 // Block sizes and scratch of the SIMD target this CPU runs (see Tiles in flash_kernels-inl.hpp).
 struct Geometry {
-  int64_t block_m;         // query rows per task
-  int64_t block_n;         // keys per step of the online softmax
-  int64_t lanes;           // floats per vector
-  int64_t scratch_floats;  // per-thread scratch for this head dim, in floats
-  const char* target;      // Highway's name for the target, e.g. "AVX3", "AVX2", "NEON"
+  int64_t block_m;            // query rows per task
+  int64_t block_n;            // keys per step of the online softmax
+  int64_t lanes;              // floats per vector
+  int64_t scratch_floats;     // per-thread scratch for this head dim, in floats, cache aside
+  int64_t cache_slot_floats;  // one packed K/V block of the cache below (a multiple of 16)
+  const char* target;         // Highway's name for the target, e.g. "AVX3", "AVX2", "NEON"
 };
 Geometry geometry(int64_t head_dim);
 
+// The packed K/V block cache. Under a sliding window, neighbouring query blocks of one head
+// see nearly the same keys (1024 of 1216 at window 1024); a thread that runs them one after
+// the other keeps each packed K/V block in slot `block % slots` of its scratch and packs
+// only the blocks it does not hold. A slot is tagged with the block it holds; packing is
+// deterministic, so a hit gives bitwise what a repack would.
+struct CacheTag {
+  int64_t batch = -1, kv_head = -1, block = -1;
+};
+struct KvCache {
+  int64_t slots = 0;  // 0: no cache, every block is packed into the task's own buffers
+  CacheTag* tags = nullptr;
+  float* blocks = nullptr;  // (slots, cache_slot_floats)
+};
+// Where the cache lies in a thread's scratch (after the task's own buffers), and the size of
+// a scratch holding `slots` slots.
+inline int64_t cache_tag_floats(int64_t slots) {
+  return (slots * int64_t(sizeof(CacheTag) / sizeof(float)) + 15) / 16 * 16;
+}
+inline int64_t scratch_floats(const Geometry& g, int64_t slots) {
+  return g.scratch_floats + (slots > 0 ? cache_tag_floats(slots) + slots * g.cache_slot_floats : 0);
+}
+inline KvCache kv_cache(float* scratch, const Geometry& g, int64_t slots) {
+  if (slots == 0) return {};
+  float* tags = scratch + g.scratch_floats;
+  return {slots, reinterpret_cast<CacheTag*>(tags), tags + cache_tag_floats(slots)};
+}
+
 // One task: query block `qb` of head `h` of sequence (batch entry) `b`, written to out
-// (and lse). `scratch` holds geometry(head_dim).scratch_floats floats, 64-byte aligned.
+// (and lse). `scratch` holds scratch_floats(geometry(head_dim), cache.slots) floats, 64-byte
+// aligned, and `cache` lies inside it (kv_cache).
 using QueryBlockFn = void (*)(const AttentionParams& p, int64_t b, int64_t h, int64_t qb,
-                              float* scratch);
+                              float* scratch, const KvCache& cache);
 QueryBlockFn query_block_kernel();
 
 // ---- hooks for tests and micro-benchmarks ---------------------------------------------

@@ -120,6 +120,13 @@ struct Scratch {
   }
 };
 
+// One slot of the packed K/V cache (flash.hpp): a K block as in Scratch::kp, then a V block
+// as in Scratch::vp, each starting on a 64-byte boundary.
+inline int64_t KCacheFloats(int64_t d) { return round_up(Tiles::kBlockN * d, 16); }
+inline int64_t CacheSlotFloats(int64_t d) {
+  return KCacheFloats(d) + round_up(Tiles::kBlockN * Scratch::padded_dim(d), 16);
+}
+
 // ---- vectorised exp -------------------------------------------------------------------
 // exp(x) = 2^n · exp(r) with n = round(x / ln2) and |r| <= ln2/2; exp(r) = 1 + r + r²·q(r)
 // with q of degree 4 fitted (weighted least squares on Chebyshev nodes, for relative error)
@@ -571,7 +578,8 @@ HWY_INLINE void ScoresAndSoftmax(const float* HWY_RESTRICT k, int64_t d,
 // FlashAttention-2 for one query block, over the key blocks attn/block_range.hpp says the
 // rows see, with the output written in the input dtype.
 template <DType kDType, class Flags>
-void QueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb, float* scratch_base) {
+void QueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb, float* scratch_base,
+                const KvCache& cache) {
   const DF df;
   constexpr int64_t M = Tiles::kBlockM, N = Tiles::kBlockN;
   const int64_t d = p.head_dim, dpad = Scratch::padded_dim(d);
@@ -605,19 +613,32 @@ void QueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb, floa
     // per row group. Packed, a block is 16 KiB that stays in L1 (1.13x end to end at
     // B=1 H=8 N=4096 d=64). Software prefetch of the next block's rows, spread over the
     // tiles, measured no gain and is not done.
-    PackRows<kDType>(p.k, seq.k_offset(p, b, j0, hk), p.k_row_stride, keys,
-                     round_up(keys, Tiles::kQkKeys), d, s.kp, d);
-    PackRows<kDType>(p.v, seq.v_offset(p, b, j0, hk), p.v_row_stride, keys, keys, d, s.vp,
-                     dpad);
+    // Under a window, the block may still be packed in this thread's cache (flash.hpp).
+    float* kp = s.kp;  // (round_up(keys, kQkKeys), d)
+    float* vp = s.vp;  // (keys, dpad)
+    bool cached = false;
+    if (cache.slots > 0) {
+      const int64_t slot = n % cache.slots;
+      kp = cache.blocks + slot * CacheSlotFloats(d);
+      vp = kp + KCacheFloats(d);
+      CacheTag& tag = cache.tags[slot];
+      cached = tag.batch == b && tag.kv_head == hk && tag.block == n;
+      tag = {b, hk, n};
+    }
+    if (!cached) {
+      PackRows<kDType>(p.k, seq.k_offset(p, b, j0, hk), p.k_row_stride, keys,
+                       round_up(keys, Tiles::kQkKeys), d, kp, d);
+      PackRows<kDType>(p.v, seq.v_offset(p, b, j0, hk), p.v_row_stride, keys, keys, d, vp, dpad);
+    }
 
     const BlockVisibility vis = blocks.needs_mask(n)
                                     ? MaskedBlock(mask, i0, rows, j0, keys, s.key_lo, s.key_hi)
                                     : BlockVisibility{keys};
     const BlockLogits logits{transform.softcap, transform.slope, i0 + mask.offset - j0};
     // (keys, M) S^T = K · Q^T, logits, mask; then P^T = exp(S^T - m_new), m, l, alpha updated.
-    ScoresAndSoftmax<Flags>(s.kp, d, s.qt, vis, logits, s);
+    ScoresAndSoftmax<Flags>(kp, d, s.qt, vis, logits, s);
     // (M, dpad) O = alpha · O + P · V
-    PvBlock(s.st, vis, s.vp, dpad, s.alpha, s.o, dpad);
+    PvBlock(s.st, vis, vp, dpad, s.alpha, s.o, dpad);
   }
 
   // The sink joins each row's denominator; then O / l in the output dtype, and LSE, through
@@ -650,20 +671,20 @@ void QueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb, floa
 // One instantiation per dtype and logits feature set (plain, softcap, ALiBi, both); masks,
 // sinks and varlen are data.
 inline void RunQueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb,
-                          float* scratch) {
+                          float* scratch, const KvCache& cache) {
   with_logits_flags(p, [&](auto flags) {
     using Flags = decltype(flags);
     switch (p.dtype) {
-      case DType::f32: return QueryBlock<DType::f32, Flags>(p, b, h, qb, scratch);
-      case DType::f16: return QueryBlock<DType::f16, Flags>(p, b, h, qb, scratch);
-      case DType::bf16: return QueryBlock<DType::bf16, Flags>(p, b, h, qb, scratch);
+      case DType::f32: return QueryBlock<DType::f32, Flags>(p, b, h, qb, scratch, cache);
+      case DType::f16: return QueryBlock<DType::f16, Flags>(p, b, h, qb, scratch, cache);
+      case DType::bf16: return QueryBlock<DType::bf16, Flags>(p, b, h, qb, scratch, cache);
     }
   });
 }
 
 inline Geometry GetGeometry(int64_t head_dim) {
-  return {Tiles::kBlockM, Tiles::kBlockN, kLanes, Scratch::floats(head_dim),
-          hwy::TargetName(HWY_TARGET)};
+  return {Tiles::kBlockM, Tiles::kBlockN,          kLanes,
+          Scratch::floats(head_dim), CacheSlotFloats(head_dim), hwy::TargetName(HWY_TARGET)};
 }
 
 inline void VectorExp(const float* x, float* y, size_t n) {

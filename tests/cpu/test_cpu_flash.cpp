@@ -425,6 +425,17 @@ TEST(CpuFlash, ThreadCountDoesNotChangeOneBit) {
   }
   Shape varlen = with_variant(varlen_shapes(DType::f32).front(), variants()[13]);
   shapes.push_back(varlen);
+  // A sliding window over many query blocks: the packed K/V cache (flash.hpp) hits on one
+  // thread and partly on several; a hit must give bitwise what a repack gives.
+  Shape window;
+  window.seqlen_q = window.seqlen_k = 2000;
+  window.heads_q = 4;
+  window.heads_kv = 2;
+  window.head_dim = 64;
+  window.causal = true;
+  window.window = {300, -1};
+  window.dtype = DType::bf16;
+  shapes.push_back(window);
   const int saved = omp_get_max_threads();
   for (const Shape& s : shapes) {
     omp_set_num_threads(1);
