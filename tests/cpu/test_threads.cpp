@@ -3,9 +3,9 @@
 // once, under a static initialiser).
 #include <gtest/gtest.h>
 
-#include <thread>
 #include <vector>
 
+#include "support/concurrent_runs.hpp"
 #include "testing/attention_case.hpp"
 
 namespace flashtile {
@@ -37,25 +37,13 @@ TEST(Threads, ConcurrentCallsMatchSerialOnesBitwise) {
       serial_lse.push_back(c.lse);
       c.poison();
     }
-    std::vector<std::thread> threads;
-    std::vector<std::string> errors(kThreads);
-    for (int t = 0; t < kThreads; ++t)
-      threads.emplace_back([&, t] {
-        try {
-          for (int repeat = 0; repeat < 3; ++repeat) {
-            AttentionCase& c = cases[t];
-            c.poison();
-            forward(c.q.view, c.k.view, c.v.view, c.out.view, c.options(backend));
-            if (c.out.bytes != serial_out[t] || c.lse != serial_lse[t])
-              errors[t] = "differs from the serial result";
-          }
-        } catch (const std::exception& e) {
-          errors[t] = e.what();
-        }
-      });
-    for (std::thread& th : threads) th.join();
-    for (int t = 0; t < kThreads; ++t)
-      EXPECT_EQ(errors[t], "") << backend_name(backend) << " thread " << t;
+    testing::expect_concurrent_runs_match(
+        kThreads, /*repeats=*/3, cases, serial_out, serial_lse,
+        [&](int t) {
+          AttentionCase& c = cases[t];
+          forward(c.q.view, c.k.view, c.v.view, c.out.view, c.options(backend));
+        },
+        std::string(backend_name(backend)));
   }
 }
 

@@ -6,11 +6,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 
 #include "support/oracle_check.hpp"
 #include "support/backend_grid.hpp"
 #include "support/device_case.hpp"
+#include "support/concurrent_runs.hpp"
 #include "support/nonfinite_cases.hpp"
 
 namespace flashtile {
@@ -245,24 +245,8 @@ TEST(CudaThreads, EightThreadsOnFourStreamsMatchSerialBitwise) {
       serial_out.push_back(cases[t].out.bytes);
       serial_lse.push_back(cases[t].lse);
     }
-    std::vector<std::thread> threads;
-    std::vector<std::string> errors(kThreads);
-    for (int t = 0; t < kThreads; ++t)
-      threads.emplace_back([&, t] {
-        try {
-          for (int repeat = 0; repeat < 5; ++repeat) {
-            cases[t].poison();
-            run_on_stream(t);
-            if (cases[t].out.bytes != serial_out[t] || cases[t].lse != serial_lse[t])
-              errors[t] = "differs from the serial result";
-          }
-        } catch (const std::exception& e) {
-          errors[t] = e.what();
-        }
-      });
-    for (std::thread& th : threads) th.join();
-    for (int t = 0; t < kThreads; ++t)
-      EXPECT_EQ(errors[t], "") << backend_name(backend) << " thread " << t;
+    testing::expect_concurrent_runs_match(kThreads, /*repeats=*/5, cases, serial_out, serial_lse,
+                                          run_on_stream, std::string(backend_name(backend)));
     ++tested;
   }
   for (cudaStream_t st : streams) cudaStreamDestroy(st);
