@@ -12,7 +12,9 @@
 //
 // Every variant of issue 8 runs here, through the shared core (src/attn/): causal and
 // sliding windows visit only the key blocks a task sees (time proportional to the window),
-// softcap, ALiBi and sinks, packed varlen batches, any head_dim up to 256.
+// softcap, ALiBi and sinks, packed varlen batches, any head_dim up to 256. A call with
+// fewer tiles than threads splits its keys (split-KV, attn/split_kv.hpp) and combines the
+// partials.
 //
 // Measured (one thread, AVX-512, B=1 H=8 fp32, on the 2-core dev VM whose FMA loop peaks at
 // 240 GFLOP/s): N=4096 d=64 ~150 GFLOP/s non-causal, ~140 causal (the same as before the
@@ -28,6 +30,9 @@
 #include "api/backend.hpp"
 #include "attn/block_range.hpp"
 #include "attn/seqlen.hpp"
+#include "attn/split_kv.hpp"
+#include "attn/variant.hpp"
+#include "common/numeric.hpp"
 #include "cpu/flash.hpp"
 
 #if FLASHTILE_WITH_HWY
@@ -107,31 +112,89 @@ int64_t cache_slots(const AttentionParams& p, const cpu_flash::Geometry& g) {
   return seen + step <= kMaxSlots ? seen + step : 0;
 }
 
-// One scratch per thread that has work; no more threads than tasks (query blocks × heads).
-int thread_count(const AttentionParams& p, int64_t query_block_tasks) {
-  return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), query_block_tasks * p.heads_q));
+// Split-KV (attn/split_kv.hpp) for calls with fewer tiles (query blocks × heads) than
+// threads, such as the write-up's one head of 1024 rows (6 tiles) on a 16-core host: each
+// split re-packs Q and writes a partial, which costs ~10% on one thread, so calls that
+// already fill the threads are not split. The split count, and with it the summation
+// order, then depends on the thread count for those calls only (every other call is
+// bitwise the same for any thread count). At least 4 key blocks (256 keys) per split.
+int split_count(const AttentionParams& p, const std::vector<QueryBlockTask>& tasks) {
+  const int64_t tiles = int64_t(tasks.size()) * p.heads_q, threads = omp_get_max_threads();
+  if (tiles >= threads) return 1;
+  int64_t most = 0;
+  for (const QueryBlockTask& t : tasks) most = std::max(most, t.key_blocks);
+  return choose_splits(tiles, most, threads, /*min_blocks_per_split=*/4, /*max_splits=*/16);
 }
 
-// The per-thread scratch and the schedule.
+// Partial outputs and LSEs of every (head, tile, split) when split: fp32, block_m rows each.
+int64_t partial_floats(const AttentionParams& p, const cpu_flash::Geometry& g, int64_t tiles,
+                       int splits) {
+  return splits > 1 ? p.heads_q * tiles * splits * g.block_m * (p.head_dim + 1) : 0;
+}
+
+// One scratch per thread that has work; no more threads than tasks.
+int thread_count(int64_t tasks) {
+  return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), tasks));
+}
+
+// The per-thread scratch, the schedule and the split partials.
 int64_t flash_workspace_bytes(const AttentionParams& p) {
   const cpu_flash::Geometry g = cpu_flash::geometry(p.head_dim);
-  const int64_t tasks = task_count(p, g);
-  return thread_count(p, tasks) * cpu_flash::scratch_floats(g, cache_slots(p, g)) *
+  const std::vector<QueryBlockTask> tasks = schedule(p, g);
+  const int splits = split_count(p, tasks);
+  const int64_t count = int64_t(tasks.size());
+  return (thread_count(count * splits * p.heads_q) * cpu_flash::scratch_floats(g, cache_slots(p, g)) +
+          partial_floats(p, g, count, splits)) *
              int64_t(sizeof(float)) +
-         tasks * int64_t(sizeof(QueryBlockTask));
+         count * int64_t(sizeof(QueryBlockTask));
+}
+
+// Merges the split partials of every row of every (head, tile) into out and lse, in the
+// input dtype, through combine_partials (the NaN rule and the sink included).
+void combine_splits(const AttentionParams& p, const cpu_flash::Geometry& g,
+                    const std::vector<QueryBlockTask>& tasks, int splits, const float* partials) {
+  const int64_t count = int64_t(tasks.size()), d = p.head_dim;
+  const int64_t tile_floats = splits * g.block_m * (d + 1);  // outputs, then LSEs
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < count * p.heads_q; ++t) {
+    const QueryBlockTask& task = tasks[t % count];
+    const int64_t h = t / count;
+    const SeqlenInfo<int64_t> seq(p, task.batch);
+    const Mask<int64_t> mask = seq.mask(p);
+    const float* out_s = partials + t * tile_floats;           // (splits, block_m, d)
+    const float* lse_s = out_s + splits * g.block_m * d;       // (splits, block_m)
+    const float sink = sink_logit<float>(p, h);
+    const int64_t i0 = task.block * g.block_m, rows = std::min(g.block_m, seq.seqlen_q - i0);
+    std::vector<float> lse(splits), weight(splits);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int s = 0; s < splits; ++s) lse[s] = lse_s[s * g.block_m + r];
+      const float row_lse = combine_partials(lse.data(), splits, sink,
+                                             mask.visible_keys(i0 + r) > 0, weight.data());
+      const int64_t dst = seq.o_offset(p, task.batch, i0 + r, h);
+      for (int64_t c = 0; c < d; ++c) {
+        float x = 0;
+        for (int s = 0; s < splits; ++s) x += weight[s] * out_s[(s * g.block_m + r) * d + c];
+        store_from_float(p.o, p.dtype, dst + c, x);
+      }
+      if (p.lse != nullptr) p.lse[seq.lse_index(p, task.batch, h, i0 + r)] = row_lse;
+    }
+  }
 }
 
 void run_flash(const AttentionParams& p) {
   const cpu_flash::Geometry g = cpu_flash::geometry(p.head_dim);
   const cpu_flash::QueryBlockFn kernel = cpu_flash::query_block_kernel();
   const std::vector<QueryBlockTask> tasks = schedule(p, g);
-  const int threads = thread_count(p, int64_t(tasks.size()));
+  const int splits = split_count(p, tasks);
+  const int64_t count = int64_t(tasks.size()), total = count * splits * p.heads_q;
+  const int threads = thread_count(total);
   if (threads == 0) return;  // no query rows at all
   const int64_t slots = cache_slots(p, g), per_thread = cpu_flash::scratch_floats(g, slots);
-  auto scratch = hwy::AllocateAligned<float>(static_cast<size_t>(threads * per_thread));
+  auto scratch = hwy::AllocateAligned<float>(
+      static_cast<size_t>(threads * per_thread + partial_floats(p, g, count, splits)));
   if (!scratch) throw Error(ErrorKind::runtime, "cpu_flash: out of memory for its scratch");
-
-  const int64_t count = int64_t(tasks.size()), total = count * p.heads_q;
+  float* partials = scratch.get() + threads * per_thread;
+  const int64_t tile_floats = splits * g.block_m * (p.head_dim + 1);
   // With the cache, a thread takes a few neighbouring query blocks at a time, so that most
   // of their K/V blocks are packed once.
   const int chunk = slots > 0 ? 4 : 1;
@@ -144,13 +207,24 @@ void run_flash(const AttentionParams& p) {
     // head's K/V, still in cache (the heads inside each query block instead measured 5-7%
     // slower, causal N=16384 d=64, one thread, interleaved runs). Each task's arithmetic
     // does not depend on which thread runs it, so the output is bitwise the same for any
-    // thread count.
+    // thread count (unless split_count splits the keys, see there).
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t t = 0; t < total; ++t) {
-      const QueryBlockTask& task = tasks[t % count];
-      kernel(p, task.batch, t / count, task.block, mine, cache);
+      // Task t: split t % splits of tile (t / splits) % count of head t / (splits·count).
+      const int64_t tile = t / splits, h = tile / count;
+      const QueryBlockTask& task = tasks[tile % count];
+      cpu_flash::TaskSplit split;
+      if (splits > 1) {
+        split.split = static_cast<int>(t % splits);
+        split.splits = splits;
+        split.partial_out = partials + tile * tile_floats + split.split * g.block_m * p.head_dim;
+        split.partial_lse = partials + tile * tile_floats + splits * g.block_m * p.head_dim +
+                            split.split * g.block_m;
+      }
+      kernel(p, task.batch, h, task.block, mine, cache, split);
     }
   }
+  if (splits > 1) combine_splits(p, g, tasks, splits, partials);
 }
 
 #else

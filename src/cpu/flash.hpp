@@ -56,11 +56,21 @@ inline KvCache kv_cache(float* scratch, const Geometry& g, int64_t slots) {
   return {slots, reinterpret_cast<CacheTag*>(tags), tags + cache_tag_floats(slots)};
 }
 
-// One task: query block `qb` of head `h` of sequence (batch entry) `b`, written to out
-// (and lse). `scratch` holds scratch_floats(geometry(head_dim), cache.slots) floats, 64-byte
-// aligned, and `cache` lies inside it (kv_cache).
+// Which keys of its query block a task folds, and where its result goes: the whole tile
+// into out and lse, or, under split-KV (attn/split_kv.hpp), split `split` of `splits` into a
+// partial output (fp32, normalised by the split's own denominator) and its LSE, which the
+// backend's combine pass merges.
+struct TaskSplit {
+  int split = 0, splits = 1;
+  float* partial_out = nullptr;  // (block_m, head_dim); nullptr: the whole tile, into out
+  float* partial_lse = nullptr;  // (block_m)
+};
+
+// One task: query block `qb` of head `h` of sequence (batch entry) `b`. `scratch` holds
+// scratch_floats(geometry(head_dim), cache.slots) floats, 64-byte aligned, and `cache` lies
+// inside it (kv_cache).
 using QueryBlockFn = void (*)(const AttentionParams& p, int64_t b, int64_t h, int64_t qb,
-                              float* scratch, const KvCache& cache);
+                              float* scratch, const KvCache& cache, const TaskSplit& split);
 QueryBlockFn query_block_kernel();
 
 // ---- hooks for tests and micro-benchmarks ---------------------------------------------

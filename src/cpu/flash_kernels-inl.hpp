@@ -41,6 +41,7 @@
 #include "attn/mask.hpp"
 #include "attn/seqlen.hpp"
 #include "attn/softmax_state.hpp"
+#include "attn/split_kv.hpp"
 #include "attn/variant.hpp"
 #include "common/numeric.hpp"
 #include "cpu/flash.hpp"
@@ -579,7 +580,7 @@ HWY_INLINE void ScoresAndSoftmax(const float* HWY_RESTRICT k, int64_t d,
 // rows see, with the output written in the input dtype.
 template <DType kDType, class Flags>
 void QueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb, float* scratch_base,
-                const KvCache& cache) {
+                const KvCache& cache, const TaskSplit& split) {
   const DF df;
   constexpr int64_t M = Tiles::kBlockM, N = Tiles::kBlockN;
   const int64_t d = p.head_dim, dpad = Scratch::padded_dim(d);
@@ -603,7 +604,8 @@ void QueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb, floa
   std::fill(s.l, s.l + M, 0.0f);
 
   // Only the key blocks some row sees are visited; only those the mask cuts are masked.
-  const KeyBlocks<int64_t> blocks = key_blocks(mask, i0, i0 + rows, N);
+  KeyBlocks<int64_t> blocks = key_blocks(mask, i0, i0 + rows, N);
+  if (split.splits > 1) blocks = split_key_blocks(blocks, split.split, split.splits);
   for (int64_t n = blocks.begin; n < blocks.end; ++n) {
     const int64_t j0 = n * N, keys = std::min(N, seq.seqlen_k - j0);
 
@@ -641,10 +643,25 @@ void QueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb, floa
     PvBlock(s.st, vis, vp, dpad, s.alpha, s.o, dpad);
   }
 
+  const int64_t vec_end = d / kLanes * kLanes;
+  if (split.partial_out != nullptr) {
+    // A split's partial: O / l in fp32 and its LSE; the NaN rule and the sink wait for the
+    // combine, which sees the whole row.
+    for (int64_t r = 0; r < rows; ++r) {
+      const SoftmaxState<float> state{s.m[r], s.l[r]};
+      const VF scale = hn::Set(df, output_scale(state));
+      const float* o_row = s.o + r * dpad;
+      float* out = split.partial_out + r * d;
+      for (int64_t c = 0; c < vec_end; c += kLanes)
+        hn::StoreU(hn::Mul(hn::Load(df, o_row + c), scale), df, out + c);
+      for (int64_t c = vec_end; c < d; ++c) out[c] = o_row[c] * output_scale(state);
+      split.partial_lse[r] = log_sum_exp(state);
+    }
+    return;
+  }
   // The sink joins each row's denominator; then O / l in the output dtype, and LSE, through
   // the shared finalisation (attn/softmax_state.hpp).
   const float sink = sink_logit<float>(p, h);
-  const int64_t vec_end = d / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
     SoftmaxState<float> state{s.m[r], s.l[r]};
     nan_if_no_finite_score(state, mask.visible_keys(i0 + r) > 0);
@@ -671,13 +688,13 @@ void QueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb, floa
 // One instantiation per dtype and logits feature set (plain, softcap, ALiBi, both); masks,
 // sinks and varlen are data.
 inline void RunQueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t qb,
-                          float* scratch, const KvCache& cache) {
+                          float* scratch, const KvCache& cache, const TaskSplit& split) {
   with_logits_flags(p, [&](auto flags) {
     using Flags = decltype(flags);
     switch (p.dtype) {
-      case DType::f32: return QueryBlock<DType::f32, Flags>(p, b, h, qb, scratch, cache);
-      case DType::f16: return QueryBlock<DType::f16, Flags>(p, b, h, qb, scratch, cache);
-      case DType::bf16: return QueryBlock<DType::bf16, Flags>(p, b, h, qb, scratch, cache);
+      case DType::f32: return QueryBlock<DType::f32, Flags>(p, b, h, qb, scratch, cache, split);
+      case DType::f16: return QueryBlock<DType::f16, Flags>(p, b, h, qb, scratch, cache, split);
+      case DType::bf16: return QueryBlock<DType::bf16, Flags>(p, b, h, qb, scratch, cache, split);
     }
   });
 }

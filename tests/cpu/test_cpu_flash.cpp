@@ -15,6 +15,7 @@
 #include "api/params.hpp"
 #include "attn/softmax_state.hpp"
 #include "support/backend_grid.hpp"
+#include "support/nonfinite_cases.hpp"
 #include "support/oracle_check.hpp"
 #include "testing/attention_case.hpp"
 
@@ -294,6 +295,52 @@ TEST(CpuFlash, RowsThatSeeNoKeyGiveZeroAndMinusInfOrTheSink) {
 }
 
 // ---- head dims, dtypes, layouts ------------------------------------------------------------
+// The write-up's one head of 1024 rows has 6 query blocks, too few for the cores: its keys
+// are split (split-KV, attn/split_kv.hpp) and the partials combined. The combine applies
+// the NaN rule to the whole row: a row whose -inf scores all fall in the first splits but
+// that has finite scores in a later one stays finite; a row with only -inf scores is NaN.
+TEST(CpuFlash, SplitKvAppliesTheNonFiniteRuleToWholeRows) {
+  SKIP_WITHOUT_CPU_FLASH();
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(24);  // more threads than tiles on any machine: the keys are split
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (bool sinks : {false, true}) {
+      Shape s;
+      s.seqlen_q = s.seqlen_k = 1024;
+      s.head_dim = 64;
+      s.causal = true;
+      s.sinks = sinks;
+      s.dtype = dtype;
+      AttentionCase c(s);
+      for (int64_t j = 0; j < 512; ++j) testing::nonfinite_detail::set(c.k, j, 0, 0, INFINITY);
+      for (int64_t i = 0; i < 1024; ++i) testing::nonfinite_detail::set(c.q, i, 0, 0, -1.0f);
+      forward(c.q.view, c.k.view, c.v.view, c.out.view, c.options(Backend::cpu_flash));
+      EXPECT_TRUE(testing::matches_nonfinite_oracle(c, testing::nonfinite_tolerance(dtype), true))
+          << s.describe();
+      EXPECT_TRUE(std::isnan(c.lse[100]) && std::isfinite(c.lse[900])) << s.describe();
+    }
+  omp_set_num_threads(saved);
+}
+
+// Split-KV on every variant: one head (few tiles) with 24 threads, against the oracle; and
+// a fixed thread count gives bitwise the same result run after run.
+TEST_P(CpuFlashVariants, SplitKvMatchesTheOracle) {
+  SKIP_WITHOUT_CPU_FLASH();
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(24);
+  for (const Variant& v : variants()) {
+    Shape s;
+    s.seqlen_q = 1025;
+    s.seqlen_k = 1023;
+    s.head_dim = 64;
+    s.dtype = GetParam();
+    s = with_variant(s, v);
+    expect_passes(s);
+    EXPECT_EQ(run_bytes(s), run_bytes(s)) << s.describe();
+  }
+  omp_set_num_threads(saved);
+}
+
 TEST(CpuFlash, EveryHeadDimFrom1To256) {
   SKIP_WITHOUT_CPU_FLASH();
   for (int64_t d = 1; d <= 256; ++d) {
