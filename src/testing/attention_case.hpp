@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <new>
 #include <numeric>
@@ -74,7 +75,11 @@ struct Shape {
          std::to_string(head_dim) + (causal ? " causal" : "");
     if (window.bounded())
       s += " window(" + std::to_string(window.left) + "," + std::to_string(window.right) + ")";
-    if (softcap != 0.0f) s += " softcap" + std::to_string(softcap);
+    if (softcap != 0.0f) {
+      char text[32];
+      std::snprintf(text, sizeof text, " softcap%g", softcap);  // shortest form: 30, 0.3
+      s += text;
+    }
     if (alibi) s += alibi_per_batch ? " alibi(b,h)" : " alibi";
     if (sinks) s += " sinks";
     return s + " " + std::string(dtype_name(dtype)) + (strided ? " strided" : "");
