@@ -389,6 +389,10 @@ std::vector<std::tuple<std::string, std::string, bool, std::string>> backends() 
 
 }  // namespace
 
+#if FLASHTILE_WITH_JAX
+void define_jax_ffi(nb::module_& m);  // jax_ffi.cpp: flashtile.jax's XLA FFI handlers
+#endif
+
 NB_MODULE(_flashtile, m) {
   m.doc() = "flashtile's C++ core; use the functions of the flashtile package instead.";
   m.attr("__version__") = std::string(flashtile::version());
@@ -438,4 +442,8 @@ NB_MODULE(_flashtile, m) {
     nb::ndarray<> writable;
     return nb::try_cast(a, writable);
   });
+#if FLASHTILE_WITH_JAX
+  nb::module_ jax_ffi = m.def_submodule("jax_ffi", "XLA FFI handlers for flashtile.jax");
+  define_jax_ffi(jax_ffi);
+#endif
 }
