@@ -179,6 +179,52 @@ def _forward_dense(opts: _Options, with_lse: bool, q, k, v, alibi_slopes, sinks)
     return kernel(q, k, v, *[x for x in (alibi_slopes, sinks) if x is not None])
 
 
+def _call_varlen(opts: _Options, with_lse: bool, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                 seqused_k, alibi_slopes, sinks):
+    """out, or (out, lse (heads_q, total_q) fp32), of a packed batch: one custom call."""
+    total_q, heads_q, _ = q.shape
+    results = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    if with_lse:
+        results.append(jax.ShapeDtypeStruct((heads_q, total_q), jnp.float32))
+    extras = [x for x in (seqused_k, alibi_slopes, sinks) if x is not None]
+    call = jax.ffi.ffi_call("flashtile_attention_varlen", results)
+    outs = call(q, k, v, cu_seqlens_q, cu_seqlens_k, *extras,
+                **_ffi_attrs(opts, alibi_slopes is not None, sinks is not None,
+                             seqused_k is not None))
+    return tuple(outs) if with_lse else outs[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _varlen_kernel(opts: _Options, with_lse: bool, given: tuple):
+    """The varlen custom call as a function of arrays only; `given` says which of
+    (seqused_k, alibi_slopes, sinks) follow cu_seqlens_k. Under vmap the mapped calls run
+    one after another: a packed batch has no free dimension to fold the mapped axis into."""
+
+    def unpack(extras):
+        extras = list(extras)
+        return [extras.pop(0) if present else None for present in given]
+
+    @jax.custom_batching.custom_vmap
+    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, *extras):
+        return _call_varlen(opts, with_lse, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                            *unpack(extras))
+
+    @kernel.def_vmap
+    def rule(axis_size, in_batched, *args):
+        mapped = [x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
+                  for x, batched in zip(args, in_batched)]
+        return jax.lax.map(lambda xs: kernel(*xs), mapped), True
+
+    return kernel
+
+
+def _forward_varlen(opts: _Options, with_lse: bool, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                    seqused_k, alibi_slopes, sinks):
+    optional = (seqused_k, alibi_slopes, sinks)
+    kernel = _varlen_kernel(opts, with_lse, tuple(x is not None for x in optional))
+    return kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, *[x for x in optional if x is not None])
+
+
 # --- the interim reference backward -------------------------------------------------------------
 
 def _visible(rel, left: int, right: int):
@@ -279,6 +325,67 @@ def _reference_backward(opts: _Options, q, k, v, alibi_slopes, sinks, out, lse, 
             back(_sum_kv_groups(dV, heads_kv), v), dslopes, dsinks)
 
 
+def _varlen_geometry(opts: _Options, cu_seqlens_q, cu_seqlens_k, seqused_k, total_q: int,
+                     total_k: int):
+    """(visible, distance) of a packed batch, both (1, 1, total_q, total_k), and the sequence
+    of every query row (total_q,): a block-diagonal mask, each block aligned to its own
+    sequence's lengths, computed from the cu_seqlens arrays (traced, never read on the host)."""
+    cu_q, cu_k = cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32)
+    batch = cu_q.shape[0] - 1
+    rows = jnp.arange(total_q)
+    cols = jnp.arange(total_k)
+    # Row r belongs to the sequence b with cu[b] <= r < cu[b+1] (empty sequences own none);
+    # key rows past cu_k[batch] get b = batch, which no query row has.
+    seq_q = jnp.searchsorted(cu_q[1:], rows, side="right")               # (Tq,)
+    seq_k = jnp.searchsorted(cu_k[1:], cols, side="right")               # (Tk,)
+    seq_k_clamped = jnp.minimum(seq_k, batch - 1)
+    len_q = cu_q[1:] - cu_q[:-1]                                         # (batch,)
+    len_k = seqused_k.astype(jnp.int32) if seqused_k is not None else cu_k[1:] - cu_k[:-1]
+    i = rows - cu_q[seq_q]                                               # position in its sequence
+    j = cols - cu_k[seq_k_clamped]
+    key_used = (j >= 0) & (j < len_k[seq_k_clamped])                     # (Tk,)
+    offset = (len_k - len_q)[seq_q]                                      # (Tq,)
+    rel = j[None, :] - (i + offset)[:, None]                             # (Tq, Tk)
+    visible = ((seq_q[:, None] == seq_k[None, :]) & key_used[None, :]
+               & _visible(rel, *_window(opts)))
+    return visible[None, None], jnp.abs(rel).astype(jnp.float32)[None, None], seq_q
+
+
+def _reference_backward_varlen(opts: _Options, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                               alibi_slopes, sinks, out, lse, dout, dlse):
+    """The interim backward of attention_varlen: the packed batch as one block-diagonal
+    problem (plain jnp, O(total_q * total_k) per head). Returns dq, dk, dv, dalibi_slopes,
+    dsinks; flashtile's varlen backward kernel replaces this function."""
+    total_q, heads_q, _ = q.shape
+    total_k, heads_kv = k.shape[0], k.shape[1]
+    group = heads_q // heads_kv
+    f32 = jnp.float32
+    hsd = lambda x: jnp.swapaxes(x.astype(f32), 0, 1)[None]              # (T, H, D) -> (1, H, T, D)
+    visible, distance, seq_q = _varlen_geometry(opts, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                                total_q, total_k)
+    slope = None
+    if alibi_slopes is not None:  # (Hq) -> (1, Hq, 1, 1); (B, Hq) -> each row's sequence
+        slopes = alibi_slopes.astype(f32)
+        slope = (slopes[seq_q].T[None, :, :, None] if slopes.ndim == 2
+                 else slopes.reshape(1, heads_q, 1, 1))
+    sink = sinks.astype(f32).reshape(1, heads_q, 1, 1) if sinks is not None else None
+    dQ, dK, dV, alibi_term, dsink = _scores_backward(
+        opts, hsd(q), _expand_kv(hsd(k), group), _expand_kv(hsd(v), group), hsd(out),
+        hsd(dout), lse[None], dlse.astype(f32)[None], visible, distance, slope, sink)
+    dslopes = None
+    if alibi_term is not None:
+        per_row = alibi_term[0].T                                        # (Tq, Hq)
+        if alibi_slopes.ndim == 2:
+            dslopes = jnp.zeros(alibi_slopes.shape, f32).at[seq_q].add(per_row)
+        else:
+            dslopes = per_row.sum(0)
+        dslopes = dslopes.astype(alibi_slopes.dtype)
+    dsinks = dsink.astype(sinks.dtype) if dsink is not None else None
+    back = lambda grad, like: jnp.swapaxes(grad[0], 0, 1).astype(like.dtype)  # -> (T, H, D)
+    return (back(dQ, q), back(_sum_kv_groups(dK, heads_kv), k),
+            back(_sum_kv_groups(dV, heads_kv), v), dslopes, dsinks)
+
+
 # --- attention with its vjp ---------------------------------------------------------------------
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -326,3 +433,58 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
     alibi_slopes = None if alibi_slopes is None else jnp.asarray(alibi_slopes)
     sinks = None if sinks is None else jnp.asarray(sinks)
     return _attention(opts, q, k, v, alibi_slopes, sinks)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention_varlen(opts: _Options, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                      alibi_slopes, sinks):
+    return _forward_varlen(opts, opts.return_lse, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                           seqused_k, alibi_slopes, sinks)
+
+
+def _attention_varlen_fwd(opts: _Options, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                          alibi_slopes, sinks):
+    out, lse = _forward_varlen(opts, True, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                               alibi_slopes, sinks)
+    primal = (out, lse) if opts.return_lse else out
+    return primal, (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sinks, out,
+                    lse)
+
+
+def _attention_varlen_bwd(opts: _Options, residuals, cotangent):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sinks, out, lse = residuals
+    dout, dlse = cotangent if opts.return_lse else (cotangent, jnp.zeros_like(lse))
+    dq, dk, dv, dslopes, dsinks = _reference_backward_varlen(
+        opts, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sinks, out, lse,
+        dout, dlse)
+    return dq, dk, dv, None, None, None, dslopes, dsinks  # no gradient for the int32 arrays
+
+
+_attention_varlen.defvjp(_attention_varlen_fwd, _attention_varlen_bwd)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | None = None,
+                     max_seqlen_k: int | None = None, *, seqused_k=None, causal: bool = False,
+                     scale: float | None = None, window=(-1, -1), softcap: float = 0.0,
+                     alibi_slopes=None, sinks=None, return_lse: bool = False,
+                     backend: str = "auto"):
+    """Exact attention over a packed batch of variable-length sequences, as a custom call.
+
+    flash_attn_varlen_func's layout and flashtile.attention_varlen's arguments: q (total_q,
+    heads_q, head_dim), k, v (total_k, heads_kv, head_dim); cu_seqlens_q, cu_seqlens_k int32
+    (batch + 1,) JAX arrays (traced: their values may change between calls of one jitted
+    function), seqused_k optional int32 (batch,). The library reads cu_seqlens on the host
+    when the call runs (on CUDA: a copy ordered on XLA's stream, which waits for it).
+    max_seqlen_q / max_seqlen_k: optional static bounds, checked when given.
+    return_lse: also return the log-sum-exp, float32 (heads_q, total_q).
+
+    Returns out, or (out, lse); differentiable in q, k, v, alibi_slopes and sinks.
+    """
+    api = "flashtile.jax.attention_varlen"
+    opts = _options(api, causal, scale, window, softcap, backend, return_lse, max_seqlen_q,
+                    max_seqlen_k)
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    _check_tensors(api, 3, "3-D (total_tokens, heads, head_dim)", q=q, k=k, v=v)
+    as_array = lambda x: None if x is None else jnp.asarray(x)
+    return _attention_varlen(opts, q, k, v, jnp.asarray(cu_seqlens_q), jnp.asarray(cu_seqlens_k),
+                             as_array(seqused_k), as_array(alibi_slopes), as_array(sinks))
