@@ -134,6 +134,15 @@ def _unfold(x, axis_size: int):
     return x.reshape((axis_size, -1) + x.shape[1:])
 
 
+def _map_slices(kernel, axis_size: int, in_batched, args):
+    """A vmap rule's fallback: the mapped calls one after another (jax.lax.map), unbatched
+    arguments broadcast along the mapped axis. Returns (outputs, their batched flags)."""
+    mapped = [x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
+              for x, batched in zip(args, in_batched)]
+    out = jax.lax.map(lambda xs: kernel(*xs), mapped)
+    return out, jax.tree.map(lambda _: True, out)
+
+
 @functools.lru_cache(maxsize=None)
 def _dense_kernel(opts: _Options, with_lse: bool, has_alibi: bool, has_sinks: bool):
     """The custom call as a function of arrays only, with its batching rule."""
@@ -154,9 +163,7 @@ def _dense_kernel(opts: _Options, with_lse: bool, has_alibi: bool, has_sinks: bo
         alibi, sinks = split(extras)
         alibi_b, sinks_b = split(extras_b)
         if sinks_b:  # sinks are per head: no batch dimension to fold into
-            return jax.lax.map(lambda args: kernel(*args),
-                               [x if b else jnp.broadcast_to(x, (axis_size,) + x.shape)
-                                for x, b in zip((q, k, v, *extras), in_batched)]), True
+            return _map_slices(kernel, axis_size, in_batched, (q, k, v, *extras))
         batch = q.shape[1] if q_b else q.shape[0]
         if alibi is not None and (alibi_b or alibi.ndim == 2):
             # (V, H) or (V, B, H) or unbatched (B, H) -> (V*B, H): one row per folded batch.
@@ -168,7 +175,7 @@ def _dense_kernel(opts: _Options, with_lse: bool, has_alibi: bool, has_sinks: bo
         out = _call_dense(opts, with_lse, _fold(q, axis_size, q_b), _fold(k, axis_size, k_b),
                           _fold(v, axis_size, v_b), alibi, sinks)
         if with_lse:
-            return tuple(_unfold(x, axis_size) for x in out), True
+            return tuple(_unfold(x, axis_size) for x in out), (True, True)
         return _unfold(out, axis_size), True
 
     return kernel
@@ -211,9 +218,7 @@ def _varlen_kernel(opts: _Options, with_lse: bool, given: tuple):
 
     @kernel.def_vmap
     def rule(axis_size, in_batched, *args):
-        mapped = [x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
-                  for x, batched in zip(args, in_batched)]
-        return jax.lax.map(lambda xs: kernel(*xs), mapped), True
+        return _map_slices(kernel, axis_size, in_batched, args)
 
     return kernel
 
