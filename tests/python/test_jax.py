@@ -80,7 +80,8 @@ def check_forward(out, lse, q, k, v, options, dtype):
     if dtype == jnp.float32:
         assert max_rel_error(out, ref_out) <= 1e-5
         return
-    low_out, _ = jnp_attention(q, k, v, compute_dtype=dtype, **options)
+    low_out, _ = jax.jit(lambda q, k, v: jnp_attention(q, k, v, compute_dtype=dtype,
+                                                       **options))(q, k, v)
     bound = 2 * np.abs(as64(low_out) - ref_out).max() + 1e-5
     assert np.abs(as64(out) - ref_out).max() <= bound
 
@@ -263,7 +264,7 @@ def test_grad_matches_plain_jnp(rng, variant):
 
     ours = jax.jit(jax.grad(loss(lambda *a, **kw: ftj.attention(*a, return_lse=True, **kw)),
                             argnums=(0, 1, 2, 3)))(q, k, v, arrays)
-    want = jax.grad(loss(jnp_attention), argnums=(0, 1, 2, 3))(q, k, v, arrays)
+    want = jax.jit(jax.grad(loss(jnp_attention), argnums=(0, 1, 2, 3)))(q, k, v, arrays)
     assert_grads_close(ours[:3], want[:3])
     assert set(ours[3]) == set(arrays)
     assert_grads_close([ours[3][n] for n in sorted(arrays)], [want[3][n] for n in sorted(arrays)])
@@ -273,9 +274,9 @@ def test_grad_without_lse_and_in_half_precision(rng):
     q, k, v = (to_jax(x, jnp.bfloat16) for x in random_case(rng, 1, 16, 16, 2, 1, 32))
     loss = lambda attention: lambda q, k, v: jnp.sum(
         attention(q, k, v, causal=True).astype(jnp.float32) ** 2)
-    ours = jax.grad(loss(ftj.attention), argnums=(0, 1, 2))(q, k, v)
-    want = jax.grad(loss(lambda *a, **kw: jnp_attention(*a, **kw)[0].astype(jnp.bfloat16)),
-                    argnums=(0, 1, 2))(q, k, v)
+    ours = jax.jit(jax.grad(loss(ftj.attention), argnums=(0, 1, 2)))(q, k, v)
+    want = jax.jit(jax.grad(loss(lambda *a, **kw: jnp_attention(*a, **kw)[0].astype(
+        jnp.bfloat16)), argnums=(0, 1, 2)))(q, k, v)
     assert_grads_close(ours, want, tolerance=3e-2)  # bf16 gradients: 8-bit mantissas
 
 
@@ -284,7 +285,7 @@ def test_vmap_of_grad(rng):
     k, v = (to_jax(x) for x in random_case(rng, 1, 12, 12, 2, 2, 8)[1:])
     ours = jax.grad(lambda q: jnp.sum(ftj.attention(q, k, v, window=(4, 1)) ** 2))
     want = jax.grad(lambda q: jnp.sum(jnp_attention(q, k, v, window=(4, 1))[0] ** 2))
-    assert_grads_close([jax.vmap(ours)(qs)], [jax.vmap(want)(qs)])
+    assert_grads_close([jax.jit(jax.vmap(ours))(qs)], [jax.jit(jax.vmap(want))(qs)])
 
 
 def test_varlen_grad_matches_plain_jnp_per_sequence(rng):
@@ -315,7 +316,7 @@ def test_varlen_grad_matches_plain_jnp_per_sequence(rng):
 
     argnums = (0, 1, 2, 3, 4)
     ours = jax.jit(jax.grad(packed_loss, argnums))(q, k, v, alibi, sinks)
-    want = jax.grad(per_sequence_loss, argnums)(q, k, v, alibi, sinks)
+    want = jax.jit(jax.grad(per_sequence_loss, argnums))(q, k, v, alibi, sinks)
     assert_grads_close(ours, want)
 
 
