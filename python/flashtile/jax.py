@@ -65,6 +65,12 @@ class _Options(NamedTuple):
 
 def _options(api: str, causal, scale, window, softcap, backend, return_lse,
              max_seqlen_q=None, max_seqlen_k=None) -> _Options:
+    static = dict(causal=causal, scale=scale, window=window, softcap=softcap, backend=backend,
+                  return_lse=return_lse, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    for name, value in static.items():
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(value)):
+            raise TypeError(f"{api}: {name} is a static option, but got a traced value: under "
+                            f"jax.jit pass it through static_argnames (or a closure)")
     for name, flag in (("causal", causal), ("return_lse", return_lse)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{api}: {name} must be True or False (a static argument under "

@@ -360,6 +360,11 @@ def test_tracing_errors_name_the_argument(rng):
         ftj.attention(q, k, v, causal="yes")
     with pytest.raises(ValueError, match="window must be a pair"):
         ftj.attention(q, k, v, window=3)
+    with pytest.raises(TypeError, match="softcap is a static option, but got a traced value"):
+        jax.jit(ftj.attention)(q, k, v, softcap=1.0)
+    np.testing.assert_array_equal(  # the same call with softcap static
+        jax.jit(ftj.attention, static_argnames="softcap")(q, k, v, softcap=1.0),
+        ftj.attention(q, k, v, softcap=1.0))
 
 
 def test_importing_flashtile_does_not_import_jax():
