@@ -32,7 +32,8 @@ _ffi = getattr(_flashtile, "jax_ffi", None)
 if _ffi is None:
     raise ImportError(
         "flashtile.jax: this flashtile was built without JAX support (jax was not importable "
-        "when it was built, so XLA's FFI headers were missing). Install jax, then rebuild: "
+        "when it was built, so XLA's FFI headers were missing, or FLASHTILE_JAX=OFF). "
+        "Install jax, then rebuild: "
         "python3 -m pip install jax && python3 -m pip install --force-reinstall --no-deps . "
         "(or -Ccmake.define.FLASHTILE_JAX=ON to make a missing jax a build error)")
 
