@@ -179,8 +179,9 @@ def _dense_kernel(opts: _Options, with_lse: bool, has_alibi: bool, has_sinks: bo
                 per_batch = jnp.broadcast_to(per_batch[:, None], (axis_size, batch)
                                              + per_batch.shape[1:])
             alibi = per_batch.reshape((-1,) + per_batch.shape[2:])
-        out = _call_dense(opts, with_lse, _fold(q, axis_size, q_b), _fold(k, axis_size, k_b),
-                          _fold(v, axis_size, v_b), alibi, sinks)
+        # Through `kernel` again, so that an enclosing vmap folds its own axis in turn.
+        out = kernel(_fold(q, axis_size, q_b), _fold(k, axis_size, k_b),
+                     _fold(v, axis_size, v_b), *[x for x in (alibi, sinks) if x is not None])
         if with_lse:
             return tuple(_unfold(x, axis_size) for x in out), (True, True)
         return _unfold(out, axis_size), True

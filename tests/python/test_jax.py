@@ -216,6 +216,15 @@ def test_vmap_over_every_argument_and_a_non_leading_axis(rng):
                                   jax.vmap(lambda q, k, v: fn(q, k, v, alibi[0])[0])(qs, ks, vs))
 
 
+def test_nested_vmap_folds_both_axes(rng):
+    q = to_jax(rng.uniform(-1, 1, (2, 3, 1, 9, 2, 8)).astype(np.float32))
+    k, v = (to_jax(x) for x in random_case(rng, 1, 12, 12, 2, 1, 8)[1:])
+    fn = lambda q: ftj.attention(q, k, v, causal=True)
+    nested = jax.vmap(jax.vmap(fn))
+    assert ffi_calls(nested, q) == 1
+    np.testing.assert_array_equal(nested(q), jnp.stack([stacked(fn, row) for row in q]))
+
+
 def test_vmap_over_sinks_runs_the_slices_in_turn(rng):
     q, k, v = (to_jax(x) for x in random_case(rng, 2, 11, 11, 4, 2, 16))
     sinks = to_jax(np.stack([sink_logits(rng, 4) for _ in range(3)]))
