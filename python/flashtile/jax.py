@@ -14,7 +14,8 @@ the call when it runs, and its errors surface as JAX runtime errors carrying its
 - grad: jax.custom_vjp. The backward is, for now, the interim reference _reference_backward:
   plain jnp ops recomputing the scores from the saved LSE (O(seqlen_q * seqlen_k) memory per
   head, every variant, gradients for ALiBi slopes and sinks too), until flashtile's backward
-  kernels land; swapping them in replaces that one function.
+  kernels land; swapping them in replaces that one function (_reference_backward_varlen
+  for attention_varlen).
 """
 
 from __future__ import annotations
@@ -101,6 +102,13 @@ def _check_tensors(api: str, ndim: int, layout: str, **tensors) -> None:
                             f"got {x.dtype}")
         if x.dtype != dtype:
             raise TypeError(f"{api}: {name}.dtype must match q.dtype ({dtype}), got {x.dtype}")
+
+
+def _check_small(api: str, dtype, **arrays) -> None:
+    """ALiBi slopes and sinks (float32), cu_seqlens and seqused_k (int32), when given."""
+    for name, x in arrays.items():
+        if x is not None and x.dtype != dtype:
+            raise TypeError(f"{api}: {name}.dtype must be {np.dtype(dtype).name}, got {x.dtype}")
 
 
 # --- the custom call ---------------------------------------------------------------------------
@@ -445,6 +453,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
     _check_tensors(api, 4, "4-D (batch, seqlen, heads, head_dim)", q=q, k=k, v=v)
     alibi_slopes = None if alibi_slopes is None else jnp.asarray(alibi_slopes)
     sinks = None if sinks is None else jnp.asarray(sinks)
+    _check_small(api, jnp.float32, alibi_slopes=alibi_slopes, sinks=sinks)
     return _attention(opts, q, k, v, alibi_slopes, sinks)
 
 
@@ -499,5 +508,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | No
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     _check_tensors(api, 3, "3-D (total_tokens, heads, head_dim)", q=q, k=k, v=v)
     as_array = lambda x: None if x is None else jnp.asarray(x)
-    return _attention_varlen(opts, q, k, v, jnp.asarray(cu_seqlens_q), jnp.asarray(cu_seqlens_k),
-                             as_array(seqused_k), as_array(alibi_slopes), as_array(sinks))
+    cu_seqlens_q, cu_seqlens_k, seqused_k = (as_array(x) for x in (cu_seqlens_q, cu_seqlens_k,
+                                                                   seqused_k))
+    alibi_slopes, sinks = as_array(alibi_slopes), as_array(sinks)
+    _check_small(api, jnp.int32, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                 seqused_k=seqused_k)
+    _check_small(api, jnp.float32, alibi_slopes=alibi_slopes, sinks=sinks)
+    return _attention_varlen(opts, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
+                             sinks)

@@ -70,6 +70,21 @@ std::string rank_string(const ffi::AnyBuffer& buffer) {
   return std::to_string(buffer.dimensions().size()) + "-D";
 }
 
+// The names of the element types a caller may plausibly pass.
+std::string type_name(ffi::DataType type) {
+  switch (type) {
+    case ffi::DataType::F32: return "float32";
+    case ffi::DataType::F16: return "float16";
+    case ffi::DataType::BF16: return "bfloat16";
+    case ffi::DataType::F64: return "float64";
+    case ffi::DataType::S32: return "int32";
+    case ffi::DataType::S64: return "int64";
+    case ffi::DataType::U16: return "uint16";
+    case ffi::DataType::PRED: return "bool";
+    default: return "XLA element type " + std::to_string(static_cast<int>(type));
+  }
+}
+
 flashtile::DType to_dtype(const Api& api, const ffi::AnyBuffer& buffer, const char* name) {
   switch (buffer.element_type()) {
     case ffi::DataType::F32: return flashtile::DType::f32;
@@ -77,8 +92,8 @@ flashtile::DType to_dtype(const Api& api, const ffi::AnyBuffer& buffer, const ch
     case ffi::DataType::BF16: return flashtile::DType::bf16;
     default:
       fail(api, ErrorKind::dtype,
-           std::string(name) + ".dtype must be float32, float16 or bfloat16, got XLA type " +
-               std::to_string(static_cast<int>(buffer.element_type())));
+           std::string(name) + ".dtype must be float32, float16 or bfloat16, got " +
+               type_name(buffer.element_type()));
   }
 }
 
@@ -107,7 +122,8 @@ flashtile::TensorView tensor_view(const Api& api, const ffi::AnyBuffer& buffer, 
 flashtile::ParamView param_view(const Api& api, const ffi::AnyBuffer& buffer, const char* name,
                                 flashtile::Device device) {
   if (buffer.element_type() != ffi::DataType::F32)
-    fail(api, ErrorKind::dtype, std::string(name) + ".dtype must be float32");
+    fail(api, ErrorKind::dtype,
+         std::string(name) + ".dtype must be float32, got " + type_name(buffer.element_type()));
   const auto dims = buffer.dimensions();
   const auto* data = static_cast<const float*>(buffer.untyped_data());
   if (dims.size() == 1) return flashtile::ParamView::vector(data, device, dims[0]);
@@ -121,7 +137,8 @@ flashtile::ParamView param_view(const Api& api, const ffi::AnyBuffer& buffer, co
 const int32_t* int32_vector(const Api& api, const ffi::AnyBuffer& buffer, const char* name,
                             int64_t length, const char* length_name) {
   if (buffer.element_type() != ffi::DataType::S32)
-    fail(api, ErrorKind::dtype, std::string(name) + ".dtype must be int32");
+    fail(api, ErrorKind::dtype,
+         std::string(name) + ".dtype must be int32, got " + type_name(buffer.element_type()));
   const auto dims = buffer.dimensions();
   if (dims.size() != 1 || dims[0] != length)
     fail(api, ErrorKind::invalid_argument,

@@ -365,6 +365,12 @@ def test_tracing_errors_name_the_argument(rng):
         ftj.attention(q.astype(jnp.int32), k, v)
     with pytest.raises(TypeError, match=r"v.dtype must match q.dtype"):
         ftj.attention(q, k, v.astype(jnp.float16))
+    with pytest.raises(TypeError, match=r"sinks.dtype must be float32, got int32"):
+        ftj.attention(q, k, v, sinks=jnp.zeros(2, jnp.int32))
+    cu = jnp.array([0.0, 8.0])
+    with pytest.raises(TypeError, match=r"attention_varlen: cu_seqlens_q.dtype must be int32, "
+                                        r"got float32"):
+        ftj.attention_varlen(q[0], k[0], v[0], cu, cu)
     with pytest.raises(TypeError, match="causal must be True or False"):
         ftj.attention(q, k, v, causal="yes")
     with pytest.raises(ValueError, match="window must be a pair"):
