@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "flashtile/flashtile.hpp"
+#include "packed_message.hpp"
 #include "xla/ffi/api/ffi.h"
 
 #if FLASHTILE_WITH_CUDA
@@ -248,7 +249,9 @@ ffi::Error attention(const Api& api, flashtile::Device device, void* stream, ffi
       flashtile::forward(q_view, k_view, v_view, out_view, options);
     return ffi::Error::Success();
   } catch (const Error& e) {
-    return ffi::Error(to_error_code(e.kind()), e.what());
+    // A packed caller passed 3-D tensors: the library's 4-D view indices are shifted back.
+    return ffi::Error(to_error_code(e.kind()),
+                      api.packed ? flashtile::bindings::packed_message(e.what()) : e.what());
   } catch (const std::exception& e) {
     return ffi::Error(ffi::ErrorCode::kInternal, std::string(api.name) + ": " + e.what());
   }

@@ -342,6 +342,20 @@ def test_a_bad_shape_under_jit_raises_the_library_message(rng):
         jax.block_until_ready(fn(q[:, :, :1], k, v))  # 1 query head, 2 kv heads
 
 
+def test_varlen_errors_name_the_packed_dimensions(rng):
+    q = to_jax(rng.uniform(-1, 1, (8, 2, 16)).astype(np.float32))
+    cu = jnp.array([0, 8], jnp.int32)
+    # The library's 4-D view of a packed tensor has a batch of one in front: the message
+    # names the caller's 3-D dimensions, as flashtile.attention_varlen's does.
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"k\.shape\[2\] must equal q head_dim \(expected 16, got 8\)"):
+        jax.block_until_ready(ftj.attention_varlen(q, q[..., :8], q[..., :8], cu, cu))
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r": cu_seqlens_k\[1\] must not exceed the packed rows of k "
+                             r"\(k\.shape\[0\] = 8\), got 9"):
+        jax.block_until_ready(ftj.attention_varlen(q, q, q, cu, jnp.array([0, 9], jnp.int32)))
+
+
 def test_bad_values_raise_the_library_message(rng):
     q, k, v = (to_jax(x) for x in random_case(rng, 1, 8, 8, 2, 2, 16))
     with pytest.raises(jax.errors.JaxRuntimeError, match="backend must be one of auto, "):
