@@ -298,29 +298,35 @@ def test_vmap_of_grad(rng):
 
 
 def test_varlen_grad_matches_plain_jnp_per_sequence(rng):
-    cu_q, cu_k = np.array([0, 7, 7, 20], np.int32), np.array([0, 9, 12, 30], np.int32)
-    used = np.array([9, 0, 15], np.int32)
+    # Sequence 1: 5 queries and no key used (the lse is the sink); sequence 2: no query.
+    cu_q, cu_k = np.array([0, 7, 12, 12, 20], np.int32), np.array([0, 9, 12, 20, 30], np.int32)
+    used = np.array([9, 0, 4, 10], np.int32)
     q = to_jax(rng.uniform(-1, 1, (20, 4, 16)).astype(np.float32))
     k, v = (to_jax(rng.uniform(-1, 1, (30, 2, 16)).astype(np.float32)) for _ in range(2))
-    alibi, sinks = to_jax(slopes(rng, 3, 4)), to_jax(sink_logits(rng, 4))
+    alibi, sinks = to_jax(slopes(rng, 4, 4)), to_jax(sink_logits(rng, 4))
     static = dict(causal=True, window=(5, 0), softcap=1.5)
     weights = to_jax(rng.uniform(-1, 1, q.shape).astype(np.float32))
+    lse_weights = to_jax(rng.uniform(-1, 1, (4, 20)).astype(np.float32))
 
     def packed_loss(q, k, v, alibi, sinks):
-        out = ftj.attention_varlen(q, k, v, cu_q, cu_k, seqused_k=used, alibi_slopes=alibi,
-                                   sinks=sinks, **static)
-        return jnp.sum(out * weights)
+        out, lse = ftj.attention_varlen(q, k, v, cu_q, cu_k, seqused_k=used, alibi_slopes=alibi,
+                                        sinks=sinks, return_lse=True, **static)
+        return jnp.sum(out * weights) + jnp.sum(lse * lse_weights)
 
     def per_sequence_loss(q, k, v, alibi, sinks):
         total = 0.0
-        for b in range(3):
+        for b in range(4):
             q0, q1, k0 = cu_q[b], cu_q[b + 1], cu_k[b]
-            if q1 == q0 or used[b] == 0:
-                continue  # no query, or no key: out is 0 (a sink only shifts the lse)
-            out, _ = jnp_attention(q[None, q0:q1], k[None, k0:k0 + used[b]],
-                                   v[None, k0:k0 + used[b]], alibi_slopes=alibi[b],
-                                   sinks=sinks, **static)
-            total = total + jnp.sum(out[0] * weights[q0:q1])
+            if q1 == q0:
+                continue
+            if used[b] == 0:  # no key: out is 0 and the lse is the sink's logit
+                total = total + jnp.sum(sinks[:, None] * lse_weights[:, q0:q1])
+                continue
+            out, lse = jnp_attention(q[None, q0:q1], k[None, k0:k0 + used[b]],
+                                     v[None, k0:k0 + used[b]], alibi_slopes=alibi[b],
+                                     sinks=sinks, **static)
+            total = total + jnp.sum(out[0] * weights[q0:q1]) + jnp.sum(
+                lse[0] * lse_weights[:, q0:q1])
         return total
 
     argnums = (0, 1, 2, 3, 4)
