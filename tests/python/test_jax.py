@@ -21,8 +21,6 @@ from conftest import (max_rel_error, random_case, reference_attention,  # noqa: 
                       reference_attention_varlen)
 from test_variants import VARIANTS, make_options, sink_logits, slopes  # noqa: E402
 
-jax.config.update("jax_enable_x64", False)
-CPU = jax.devices("cpu")[0]
 DTYPES = {"float32": jnp.float32, "float16": jnp.float16, "bfloat16": jnp.bfloat16}
 
 
