@@ -29,6 +29,12 @@ import numpy as np
 
 from . import _flashtile
 
+try:
+    import jax.ffi
+except ImportError:
+    raise ImportError(f"flashtile.jax needs a jax with the jax.ffi module (jax.ffi.ffi_call); "
+                      f"this is jax {jax.__version__}: python3 -m pip install -U jax") from None
+
 _ffi = getattr(_flashtile, "jax_ffi", None)
 if _ffi is None:
     raise ImportError(

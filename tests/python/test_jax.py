@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
+pytest.importorskip("jax.ffi", reason=f"jax {jax.__version__} has no jax.ffi")
 import jax.numpy as jnp  # noqa: E402
 
 import flashtile  # noqa: E402
