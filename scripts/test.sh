@@ -2,12 +2,16 @@
 # Builds everything and runs every test: the C++ suites and the CLI through CTest, the
 # examples/cpp consumer against the installed package, add_subdirectory and FetchContent,
 # then the Python package (`pip install .`) through pytest. GPU tests skip without a CUDA device;
-# torch/transformers/CuPy/JAX tests skip where those packages are missing.
+# torch/transformers/CuPy tests skip where those packages are missing (JAX is installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 scripts/test-consumers.sh
 python3 -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes
+# JAX before the package: `pip install .` builds flashtile.jax when jax is importable. A CPU
+# jaxlib from PyPI, pinned; an existing jax with jax.ffi (the H200 image's CUDA one) is kept.
+python3 -c "import jax.ffi" 2>/dev/null ||
+  python3 -m pip install -q --disable-pip-version-check "jax==0.10.2" "jaxlib==0.10.2"
 python3 -m pip install -q --disable-pip-version-check .
 python3 -m pytest tests/python -q

@@ -7,7 +7,8 @@
 
 flashtile.torch holds the torch custom ops and drop-ins for SDPA, flash_attn_func and
 flash_attn_varlen_func; flashtile.integrations.transformers.register() adds
-attn_implementation="FlashTile".
+attn_implementation="FlashTile". flashtile.jax holds attention as an XLA custom call (jax.jit,
+vmap, grad); it is imported on first use, so importing flashtile never imports jax.
 """
 
 from ._api import BackendInfo, attention, attention_varlen, backends, plan, plan_varlen
@@ -15,3 +16,12 @@ from ._flashtile import __version__, cuda_compiled, cuda_device_count
 
 __all__ = ["attention", "attention_varlen", "backends", "plan", "plan_varlen", "BackendInfo",
            "__version__", "cuda_compiled", "cuda_device_count"]
+
+
+def __getattr__(name: str):
+    # flashtile.jax on first access (import flashtile.jax works too): jax is never imported
+    # by `import flashtile` itself.
+    if name == "jax":
+        import importlib
+        return importlib.import_module(".jax", __name__)
+    raise AttributeError(f"module 'flashtile' has no attribute {name!r}")

@@ -26,6 +26,7 @@
 
 #include "flashtile/device.hpp"
 #include "flashtile/flashtile.hpp"
+#include "packed_message.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -274,30 +275,7 @@ Call make_call(const Array& q, const Array& k, const Array& v, const Array& out,
   return call;
 }
 
-// The library names the dimensions of its 4-D (1, total_tokens, heads, head_dim) views and
-// the fields of its Varlen struct; a packed caller passed 3-D tensors and plain keyword
-// arguments, so its messages say shape[i - 1] and drop the "varlen." prefix.
-std::string packed_message(const std::string& message) {
-  std::string result;
-  for (size_t i = 0; i < message.size(); ++i) {
-    if (message.compare(i, 7, "varlen.") == 0) {
-      i += 6;
-      continue;
-    }
-    result += message[i];
-    auto ends_with = [&](std::string_view tail) {
-      return result.size() >= tail.size() &&
-             result.compare(result.size() - tail.size(), tail.size(), tail) == 0;
-    };
-    const bool index_follows = ends_with("shape[") || ends_with("strides[");
-    if (index_follows && i + 2 < message.size() && message[i + 1] >= '1' &&
-        message[i + 1] <= '3' && message[i + 2] == ']') {
-      result += static_cast<char>(message[i + 1] - 1);
-      ++i;
-    }
-  }
-  return result;
-}
+using flashtile::bindings::packed_message;  // packed_message.hpp, shared with jax_ffi.cpp
 
 template <class Fn>
 auto call_library(const Call& call, Fn&& fn) {
@@ -389,6 +367,10 @@ std::vector<std::tuple<std::string, std::string, bool, std::string>> backends() 
 
 }  // namespace
 
+#if FLASHTILE_WITH_JAX
+void define_jax_ffi(nb::module_& m);  // jax_ffi.cpp: flashtile.jax's XLA FFI handlers
+#endif
+
 NB_MODULE(_flashtile, m) {
   m.doc() = "flashtile's C++ core; use the functions of the flashtile package instead.";
   m.attr("__version__") = std::string(flashtile::version());
@@ -438,4 +420,8 @@ NB_MODULE(_flashtile, m) {
     nb::ndarray<> writable;
     return nb::try_cast(a, writable);
   });
+#if FLASHTILE_WITH_JAX
+  nb::module_ jax_ffi = m.def_submodule("jax_ffi", "XLA FFI handlers for flashtile.jax");
+  define_jax_ffi(jax_ffi);
+#endif
 }
