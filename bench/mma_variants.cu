@@ -190,6 +190,35 @@ struct Bench {
     }
   }
 
+  // Softcap 50, causal, 16k, d=128: the softcap kernel with 0..4 of each tile's 8 n-tiles
+  // taking their exp2 on the FMA pipe (MmaConfig::kSoftcapFmaExp2Tiles; traits.cuh picks one).
+  template <int kFmaTiles>
+  void softcap_exp2_split_one(const detail::AttentionParams& p, double flops) {
+    using Cfg = detail::mma::MmaConfig<128, 128, 64, 4, 2, false, 2, kFmaTiles>;
+    const std::string label = "softcap 50, " + std::to_string(kFmaTiles) + "/8 exp2 on FMA";
+    time({"exp2", label, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true}, flops,
+         size_t(p.batch * p.seqlen_q * p.heads_q * p.head_dim), 0, [&] {
+           detail::mma::launch_mma_forward<__nv_bfloat16, Cfg, detail::LogitsFlags<true, false>,
+                                           true>(p, nullptr);
+         });
+  }
+  void softcap_exp2_split() {
+    const std::array<int64_t, 4> shape = {1, 16384, kHidden / 128, 128};
+    const TensorView q = view(buf.q, shape), k = view(buf.k, shape), v = view(buf.v, shape),
+                     out = view(buf.o, shape);
+    Options o;
+    o.causal = true;
+    o.softcap = 50.0f;
+    o.backend = Backend::cuda_mma;
+    const detail::AttentionParams p = detail::validate({q, k, v, &out, nullptr, o});
+    const double flops = 4.0 * p.heads_q * double(p.seqlen_q) * p.seqlen_q * p.head_dim / 2.0;
+    softcap_exp2_split_one<0>(p, flops);
+    softcap_exp2_split_one<1>(p, flops);
+    softcap_exp2_split_one<2>(p, flops);
+    softcap_exp2_split_one<3>(p, flops);
+    softcap_exp2_split_one<4>(p, flops);
+  }
+
   // Mixed lengths in [256, 4096] (a fixed sequence of draws) up to 16k tokens, packed, beside
   // a dense batch whose sequences have the work-weighted mean length.
   void varlen() {
@@ -356,6 +385,7 @@ int main(int argc, char** argv) {
   if (!grid_only) {
 #if FLASHTILE_BENCH_VARIANTS
     bench.variants();
+    bench.softcap_exp2_split();
     bench.varlen();
     bench.narrow();
 #endif

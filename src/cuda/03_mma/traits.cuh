@@ -34,12 +34,16 @@ struct MmaTraits;
 //  d=96 : not measured separately; the d=128 shape (its smem rows are padded to 128).
 // Pattern: 32 rows per warp (two m-tiles sharing every K/V fragment) and two CTAs per SM
 // beat 16 rows per warp at any occupancy: ldmatrix traffic per mma halves.
+// Softcap kernels at d=128 (and d=96, the same shape): of each tile's 8 n-tiles, this many
+// take their exp2 on the FMA pipe (kernel.cuh, MmaConfig). bench/mma_variants.cu times
+// 0..4 (softcap 50, causal, 16k).
+inline constexpr int kSoftcapFmaExp2TilesD128 = 2;
 template <>
 struct MmaTraits<64> : MmaConfig<64, 128, 128, 4, 2, false, 2> {};
 template <>
-struct MmaTraits<96> : MmaConfig<96, 128, 64, 4, 2, false, 2> {};
+struct MmaTraits<96> : MmaConfig<96, 128, 64, 4, 2, false, 2, kSoftcapFmaExp2TilesD128> {};
 template <>
-struct MmaTraits<128> : MmaConfig<128, 128, 64, 4, 2, false, 2> {};
+struct MmaTraits<128> : MmaConfig<128, 128, 64, 4, 2, false, 2, kSoftcapFmaExp2TilesD128> {};
 template <>
 struct MmaTraits<256> : MmaConfig<256, 64, 32, 4, 2, false, 2> {};
 
