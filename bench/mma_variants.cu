@@ -175,6 +175,12 @@ struct Bench {
       Options w = o;
       w.window = {1024, causal ? 0 : 1024};
       dense("variant", causal ? "window(1024,0)" : "window(1024,1024)", 16384, 128, w);
+      if (causal)  // time against window size: the per-block fixed cost and the per-tile one
+        for (int64_t left : {512, 2048, 4096}) {
+          Options wl = o;
+          wl.window = {left, 0};
+          dense("variant", "window(" + std::to_string(left) + ",0)", 16384, 128, wl);
+        }
       Options c = o;
       c.softcap = 50.0f;
       dense("variant", "softcap 50", 16384, 128, c);
