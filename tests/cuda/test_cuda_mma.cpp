@@ -251,11 +251,10 @@ TEST(CudaMma, LongerSequences) {
     }
 }
 
-// Masked tiles skip, per warp, the 16-key steps none of its 32 rows sees, and mask only the
-// steps that cut its rows: window edges at many offsets inside warps and 64-key tiles, sq != sk
-// both ways, rows that see no key (with and without sinks), and the softcap kernel, part of
-// whose exp2s run on the FMA pipe at d=96/128 (a masked score must still weigh exactly 0).
-TEST(CudaMma, WindowStepsSkippedPerWarp) {
+// Window edges at many offsets inside warps and 64-key tiles, sq != sk both ways, rows that
+// see no key (with and without sinks), and the softcap kernel, part of whose exp2s run on the
+// FMA pipe at d=96/128 (ptx/exp2_fma.cuh: a masked score must still weigh exactly 0).
+TEST(CudaMma, WindowEdgesAndSoftcapFmaExp2) {
   SKIP_WITHOUT_MMA_DEVICE();
   struct Case {
     int64_t q, k;
@@ -276,7 +275,7 @@ TEST(CudaMma, WindowStepsSkippedPerWarp) {
       {1200, 300, {}, true, 50.0f, false, true},         // ... causal, sink-only rows
       {1000, 1000, {300, 0}, true, 50.0f, false, false},
   };
-  Margin softcap_margin{"softcap, per-warp steps"}, other_margin{"windows, per-warp steps"};
+  Margin softcap_margin{"softcap, window edges"}, other_margin{"window edges"};
   int rotate = 0;
   for (DType dtype : {DType::bf16, DType::f16})
     for (const Case& c : cases) {

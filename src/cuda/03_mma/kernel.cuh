@@ -73,9 +73,10 @@ namespace flashtile::detail::mma {
 //   kQInRegs  : keep the Q fragments in registers for the whole loop (else re-read them
 //               from shared memory with ldmatrix for every tile)
 //   kMinBlocks: CTAs per SM asked of the register allocator (__launch_bounds__)
-//   kSoftcapFmaExp2Tiles: in softcap kernels, the first this many 8-key n-tiles of S take
-//               their exp2 on the FMA pipe (ptx/exp2_fma.cuh), the rest on the MUFU, which
-//               the softcap's tanh already loads with one op per score; 0 = all on the MUFU
+//   kSoftcapFmaExp2Tiles: in the softcap kernel (softcap without ALiBi), the first this many
+//               8-key n-tiles of each tile take their exp2 on the FMA pipe (ptx/exp2_fma.cuh)
+//               instead of the MUFU, which the softcap's tanh already loads with one op per
+//               score; 0 = every exp2 on the MUFU
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kStages_, bool kQInRegs_,
           int kMinBlocks_, int kSoftcapFmaExp2Tiles_ = 0>
 struct MmaConfig {
@@ -279,6 +280,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Softcap and ALiBi (when Logits asks for them) turn raw scores into natural-unit logits
   // before the softmax; the plain kernel instead folds the scale into its exp2.
   const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
+  // The last query row of the block: its first key bounds every row's (masks are monotone).
+  const int last_row = min(row_start + kBlockM, seq.seqlen_q) - 1;
 
   auto load_q_fragment = [&](uint32_t (&a)[4], int mt, int ks) {
     ptx::ldmatrix_x4(a, q_lane + mt * 16 * kRowBytes + q_cols(ks));
@@ -314,22 +317,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
     for (int half = 0; half < 2; ++half) state[mt][half] = {kNegInf, 0.0f};
 
-  // This warp's rows and the 16-key steps (one P·V k-step each) they see: key_blocks() over
-  // the warp's rows. With kWarpSteps, a masked tile (one the block's rows do not all see
-  // whole) runs a second copy of the tile code that skips, per warp, the steps none of its
-  // rows sees, with their S and P·V mma and their exponentials, and masks only the steps
-  // that cut its rows. Under a sliding window a 128-row block visits 1024 + 128 keys for the
-  // 1025 each row sees; its 32-row warps compute 1024 + 32. Not for 128-key tiles (d=64):
-  // there the second copy pushed the unmasked loop into spills (ptxas -v: 0 -> 144 B).
-  constexpr int kStepKeys = 16;
-  static_assert(kBlockN % kStepKeys == 0 && kPvSteps * kStepKeys == kBlockN,
-                "a key tile is a whole number of 16-key steps");
-  constexpr bool kWarpSteps = kBlockN <= 64;
-  const int warp_first_row = row_start + warp_row0;
-  const int warp_row_end = min(warp_first_row + Cfg::kWarpRows, seq.seqlen_q);
-  // The last query row of the block: its first key bounds every row's (masks are monotone).
-  const int block_last_row = min(row_start + kBlockM, seq.seqlen_q) - 1;
-
   for (int tile = 0; tile < n_tiles; ++tile) {
     ptx::cp_async_wait<kStages - 2>();  // this tile's K and V have landed (for this thread)
     __syncthreads();                    // ... for every thread; the oldest stage is free
@@ -339,199 +326,138 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const uint32_t v_stage = k_stage + Cfg::kTileBytes;
     const int n_block = blocks.end - 1 - tile;
     const int n0 = n_block * kBlockN;
-    const int step0 = n0 / kStepKeys;
 
-    // One tile. kMasked: the per-warp-step copy, for a tile key_blocks() names as cut for
-    // some row of the block (the diagonal, the window's edges, the end of K). With
-    // kWarpSteps every other tile is seen whole by every row, and its copy has no mask and no
-    // step test; without, the one copy masks cut tiles whole.
-    auto compute_tile = [&](auto masked) {
-      constexpr bool kMasked = decltype(masked)::value;
-      // Worked out per masked tile, not kept across the loop: the unmasked tiles' registers
-      // stay as they were. The first key of the warp's last row bounds every row's (masks
-      // are monotone): steps from there on are cut by key_end alone (causal's diagonal).
-      KeyBlocks<int> warp_steps;
-      int warp_last_first_key = 0;
-      if constexpr (kMasked) {
-        warp_steps = key_blocks(mask, warp_first_row, warp_row_end, kStepKeys);
-        warp_last_first_key = mask.first_key(max(warp_row_end - 1, warp_first_row));
+    // S = Q·Kᵀ  (kWarpRows, kBlockN), raw (unscaled) scores.
+    float s[kMTiles][kNTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) s[mt][nt][r] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[mt][r] = q_frag[mt][ks][r];
+        } else {
+          load_q_fragment(a[mt], mt, ks);
+        }
       }
-      // Warp-uniform: whether any of this warp's rows sees 16-key step `step` of the tile.
-      auto live = [&](int step) {
-        return !kMasked || (step0 + step >= warp_steps.begin && step0 + step < warp_steps.end);
-      };
-
-      // S = Q·Kᵀ  (kWarpRows, kBlockN), raw (unscaled) scores.
-      float s[kMTiles][kNTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) s[mt][nt][r] = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        uint32_t a[kMTiles][4];
+      for (int np = 0; np < kNTiles / 2; ++np) {
+        uint32_t kb[4];
+        ptx::ldmatrix_x4(kb, k_stage + k_lane_row + np * 16 * kRowBytes + k_cols(ks));
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          if constexpr (Cfg::kQInRegs) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) a[mt][r] = q_frag[mt][ks][r];
-          } else {
-            load_q_fragment(a[mt], mt, ks);
-          }
-        }
-#pragma unroll
-        for (int np = 0; np < kNTiles / 2; ++np) {  // n-tile pair np = 16-key step np
-          if (!live(np)) continue;
-          uint32_t kb[4];
-          ptx::ldmatrix_x4(kb, k_stage + k_lane_row + np * 16 * kRowBytes + k_cols(ks));
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            ptx::mma_m16n8k16<T>(s[mt][2 * np], a[mt], kb[0], kb[1]);
-            ptx::mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], kb[2], kb[3]);
-          }
+          ptx::mma_m16n8k16<T>(s[mt][2 * np], a[mt], kb[0], kb[1]);
+          ptx::mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], kb[2], kb[3]);
         }
       }
+    }
 
-      // Element (mt, nt, 2·half + e) of S, nt in step `step`'s two n-tiles, is query row
-      // `row` and key `key` of the sequence.
-      auto for_each_score_of_step = [&](int step, auto&& fn) {
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int row = row_start + warp_row0 + mt * 16 + g + 8 * half;
-#pragma unroll
-            for (int nt = 2 * step; nt < 2 * step + 2; ++nt)
-#pragma unroll
-              for (int e = 0; e < 2; ++e)
-                fn(s[mt][nt][2 * half + e], row, n0 + nt * 8 + 2 * t + e);
-          }
-      };
-#pragma unroll
-      for (int step = 0; step < kPvSteps; ++step) {
-        if (!live(step)) {  // no row of this warp sees it: -inf leaves the row maxima alone
-          for_each_score_of_step(step, [&](float& x, int, int) { x = kNegInf; });
-          continue;
-        }
-        if constexpr (!Logits::kPlain)
-          for_each_score_of_step(step, [&](float& x, int row, int key) {
-            x = transformed_logit<Logits>(logits, x, mask, row, key);
-          });
-        if (kMasked && warp_steps.needs_mask(step0 + step)) {  // cut for some row of the warp
-          if (n0 + step * kStepKeys >= warp_last_first_key)
-            for_each_score_of_step(step, [&](float& x, int row, int key) {
-              if (key >= mask.key_end(row)) x = kNegInf;
-            });
-          else
-            for_each_score_of_step(step, [&](float& x, int row, int key) {
-              if (!mask.visible(row, key)) x = kNegInf;
-            });
-        }
-      }
-      if constexpr (!kWarpSteps) {
-        // The whole tile, when any row of the block is cut by it. When every row sees the
-        // tile's first key (always under causal), only the end bound cuts it.
-        if (blocks.needs_mask(n_block)) {
-          const bool end_only = n0 >= mask.first_key(block_last_row);
-#pragma unroll
-          for (int step = 0; step < kPvSteps; ++step) {
-            if (end_only)
-              for_each_score_of_step(step, [&](float& x, int row, int key) {
-                if (key >= mask.key_end(row)) x = kNegInf;
-              });
-            else
-              for_each_score_of_step(step, [&](float& x, int row, int key) {
-                if (!mask.visible(row, key)) x = kNegInf;
-              });
-          }
-        }
-      }
-
-      // Online softmax; P overwrites S (fp32), then is packed into A fragments of P·V.
+    // Element (mt, nt, 2·half + e) of S is query row `row` and key `key` of the sequence.
+    auto for_each_score = [&](auto&& fn) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          float row_max = kNegInf;
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-            row_max = fmaxf(row_max, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-          // The quad's four lanes hold the row's columns.
-          row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
-          row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
-          // In natural units: the plain kernel's raw scores still carry the scale.
-          float block_max = row_max;
-          if constexpr (Logits::kPlain) block_max = row_max == kNegInf ? kNegInf : row_max * scale;
-          SoftmaxState<float>& st = state[mt][half];
-          const float alpha = online_softmax_rescale(st, block_max);
-          // Once the running maxima settle, most tiles leave every row's m unchanged
-          // (alpha = 1): the warp then skips the rescale of these rows of O.
-          if (__any_sync(0xffffffffu, alpha != 1.0f)) {
-#pragma unroll
-            for (int dt = 0; dt < kDTiles; ++dt) {
-              o[mt][dt][2 * half] *= alpha;
-              o[mt][dt][2 * half + 1] *= alpha;
-            }
-          }
-          // P = exp(logit - m) = 2^(logit·log2e - m·log2e), the plain kernel's logit being
-          // scale·s: one FFMA + one MUFU.EX2 per score (softcap kernels: the first
-          // kSoftcapFmaExp2Tiles n-tiles on the FMA pipe instead).
-          const float shift = safe_shift(st.m) * kLog2e;
-          const float to_log2 = Logits::kPlain ? scale_log2 : kLog2e;
-          float row_sum = 0.0f;
+          const int row = row_start + warp_row0 + mt * 16 + g + 8 * half;
 #pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& x = s[mt][nt][2 * half + e];
-              if (!live(nt / 2)) {
-                x = 0.0f;  // no exp for a step no row of the warp sees
-              } else {
-                const float exponent = fmaf(x, to_log2, -shift);
-                if (Logits::kSoftcap && nt < Cfg::kSoftcapFmaExp2Tiles)
-                  x = ptx::exp2_fma(exponent);
-                else
-                  x = ptx::exp2_approx(exponent);
-                row_sum += x;
-              }
-            }
-          st.l += row_sum;
+            for (int e = 0; e < 2; ++e) fn(s[mt][nt][2 * half + e], row, n0 + nt * 8 + 2 * t + e);
         }
+    };
+    if constexpr (!Logits::kPlain)
+      for_each_score([&](float& x, int row, int key) {
+        x = transformed_logit<Logits>(logits, x, mask, row, key);
+      });
+    // Only the tiles key_blocks() names hold keys some row must not see (the diagonal, the
+    // window's edges, the end of K); every other tile is seen whole by every row. When every
+    // row sees the tile's first key (always under causal), only the end bound cuts it.
+    if (blocks.needs_mask(n_block)) {
+      if (n0 >= mask.first_key(last_row))
+        for_each_score([&](float& x, int row, int key) {
+          if (key >= mask.key_end(row)) x = kNegInf;
+        });
+      else
+        for_each_score([&](float& x, int row, int key) {
+          if (!mask.visible(row, key)) x = kNegInf;
+        });
+    }
 
-      // O += P·V. The A fragment of k-step kk is S n-tiles 2kk and 2kk+1, row halves g/g+8:
-      // (a0, a1, a2, a3) = (tile 2kk rows g, tile 2kk rows g+8, tile 2kk+1 rows g, ... g+8).
+    // Online softmax; P overwrites S (fp32), then is packed into A fragments of P·V.
 #pragma unroll
-      for (int kk = 0; kk < kPvSteps; ++kk) {
-        if (!live(kk)) continue;
-        uint32_t pa[kMTiles][4];
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float row_max = kNegInf;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+          row_max = fmaxf(row_max, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+        // The quad's four lanes hold the row's columns.
+        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+        // In natural units: the plain kernel's raw scores still carry the scale.
+        float block_max = row_max;
+        if constexpr (Logits::kPlain) block_max = row_max == kNegInf ? kNegInf : row_max * scale;
+        SoftmaxState<float>& st = state[mt][half];
+        const float alpha = online_softmax_rescale(st, block_max);
+        // Once the running maxima settle, most tiles leave every row's m unchanged
+        // (alpha = 1): the warp then skips the rescale of these rows of O.
+        if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+#pragma unroll
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            o[mt][dt][2 * half] *= alpha;
+            o[mt][dt][2 * half + 1] *= alpha;
+          }
+        }
+        // P = exp(logit - m) = 2^(logit·log2e - m·log2e), the plain kernel's logit being
+        // scale·s: one FFMA + one MUFU.EX2 per score. The softcap kernel's tanh is a second
+        // MUFU op per score: it takes kSoftcapFmaExp2Tiles n-tiles' exp2 on the FMA pipe.
+        const float shift = safe_shift(st.m) * kLog2e;
+        const float to_log2 = Logits::kPlain ? scale_log2 : kLog2e;
+        constexpr int kFmaExp2Tiles =
+            Logits::kSoftcap && !Logits::kAlibi ? Cfg::kSoftcapFmaExp2Tiles : 0;
+        float row_sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[mt][nt][2 * half + e];
+            const float exponent = fmaf(x, to_log2, -shift);
+            x = nt < kFmaExp2Tiles ? ptx::exp2_fma(exponent) : ptx::exp2_approx(exponent);
+            row_sum += x;
+          }
+        st.l += row_sum;
+      }
+
+    // O += P·V. The A fragment of k-step kk is S n-tiles 2kk and 2kk+1, row halves g/g+8:
+    // (a0, a1, a2, a3) = (tile 2kk rows g, tile 2kk rows g+8, tile 2kk+1 rows g, ... g+8).
+#pragma unroll
+    for (int kk = 0; kk < kPvSteps; ++kk) {
+      uint32_t pa[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        pa[mt][0] = ptx::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = ptx::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = ptx::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = ptx::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < kDTiles / 2; ++dp) {
+        uint32_t vb[4];
+        ptx::ldmatrix_x4_trans(vb, v_stage + v_lane_row + kk * 16 * kRowBytes + v_cols(dp));
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          pa[mt][0] = ptx::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-          pa[mt][1] = ptx::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-          pa[mt][2] = ptx::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-          pa[mt][3] = ptx::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
-#pragma unroll
-        for (int dp = 0; dp < kDTiles / 2; ++dp) {
-          uint32_t vb[4];
-          ptx::ldmatrix_x4_trans(vb, v_stage + v_lane_row + kk * 16 * kRowBytes + v_cols(dp));
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            ptx::mma_m16n8k16<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
-            ptx::mma_m16n8k16<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
-          }
+          ptx::mma_m16n8k16<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+          ptx::mma_m16n8k16<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
         }
       }
-    };
-    if constexpr (kWarpSteps) {
-      if (blocks.needs_mask(n_block))
-        compute_tile(std::true_type{});
-      else
-        compute_tile(std::false_type{});
-    } else {
-      compute_tile(std::false_type{});
     }
   }
 

@@ -34,10 +34,12 @@ struct MmaTraits;
 //  d=96 : not measured separately; the d=128 shape (its smem rows are padded to 128).
 // Pattern: 32 rows per warp (two m-tiles sharing every K/V fragment) and two CTAs per SM
 // beat 16 rows per warp at any occupancy: ldmatrix traffic per mma halves.
-// Softcap kernels at d=128 (and d=96, the same shape): of each tile's 8 n-tiles, this many
-// take their exp2 on the FMA pipe (kernel.cuh, MmaConfig). bench/mma_variants.cu times
-// 0..4 (softcap 50, causal, 16k).
-inline constexpr int kSoftcapFmaExp2TilesD128 = 2;
+// The softcap kernel at d=128 (and d=96, the same shape): of each tile's 8 n-tiles, this
+// many take their exp2 on the FMA pipe (kernel.cuh, MmaConfig). H200, bench/mma_variants.cu,
+// softcap 50, causal, 16k, ms for 0..4 of 8 (plain causal 3.435): 3.802 3.721 3.792 3.865
+// 4.018 (2026-12-01; bench/results/mma_perf_v1_log.txt): one n-tile in eight relieves the
+// MUFU, more loads the FMA pipe and the issue slots instead. Not measured at d=64 or 256.
+inline constexpr int kSoftcapFmaExp2TilesD128 = 1;
 template <>
 struct MmaTraits<64> : MmaConfig<64, 128, 128, 4, 2, false, 2> {};
 template <>
