@@ -225,13 +225,14 @@ struct Bench {
     softcap_exp2_split_one<4>(p, flops);
   }
 
-  // Window (1024, 0), causal, 16k, d=128 on other tile shapes (the aligned plain kernel,
-  // called directly): data for a window-specific shape, which traits.cuh does not pick yet.
+  // Window (1024, 0) and plain causal, 16k, d=128 on other tile shapes and with the per-warp
+  // tile skip (the aligned plain kernel, called directly): data for a window-specific shape,
+  // which traits.cuh does not pick yet.
   template <class Cfg>
-  void window_shape_one(const detail::AttentionParams& p, double flops) {
+  void window_shape_one(const char* what, const detail::AttentionParams& p, double flops) {
     char label[64];
-    std::snprintf(label, sizeof label, "window M%d N%d W%d S%d B%d", Cfg::kBlockM, Cfg::kBlockN,
-                  Cfg::kNWarps, Cfg::kStages, Cfg::kMinBlocks);
+    std::snprintf(label, sizeof label, "%s M%d N%d W%d B%d%s", what, Cfg::kBlockM, Cfg::kBlockN,
+                  Cfg::kNWarps, Cfg::kMinBlocks, Cfg::kWarpTileSkip ? " skip" : "");
     time({"shape", label, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true}, flops,
          size_t(p.batch * p.seqlen_q * p.heads_q * p.head_dim), 0, [&] {
            detail::mma::launch_mma_forward<__nv_bfloat16, Cfg, detail::LogitsFlags<false, false>,
@@ -244,15 +245,21 @@ struct Bench {
                      out = view(buf.o, shape);
     Options o;
     o.causal = true;
-    o.window = {1024, 0};
     o.backend = Backend::cuda_mma;
+    const detail::AttentionParams causal = detail::validate({q, k, v, &out, nullptr, o});
+    o.window = {1024, 0};
     const detail::AttentionParams p = detail::validate({q, k, v, &out, nullptr, o});
     const double flops = 4.0 * p.heads_q * double(p.seqlen_q) * p.seqlen_q * p.head_dim / 2.0;
     using detail::mma::MmaConfig;
-    window_shape_one<MmaConfig<128, 128, 64, 4, 2, false, 2>>(p, flops);  // traits.cuh's
-    window_shape_one<MmaConfig<128, 64, 64, 4, 2, false, 2>>(p, flops);   // 16 rows a warp
-    window_shape_one<MmaConfig<128, 64, 32, 4, 2, false, 3>>(p, flops);
-    window_shape_one<MmaConfig<128, 64, 32, 4, 2, false, 4>>(p, flops);
+    using Default = MmaConfig<128, 128, 64, 4, 2, false, 2>;  // traits.cuh's
+    using DefaultSkip = MmaConfig<128, 128, 64, 4, 2, false, 2, 0, true>;
+    window_shape_one<Default>("causal", causal, flops);
+    window_shape_one<DefaultSkip>("causal", causal, flops);
+    window_shape_one<Default>("window", p, flops);
+    window_shape_one<DefaultSkip>("window", p, flops);
+    window_shape_one<MmaConfig<128, 64, 64, 4, 2, false, 2>>("window", p, flops);  // 16 rows a warp
+    window_shape_one<MmaConfig<128, 64, 64, 4, 2, false, 2, 0, true>>("window", p, flops);
+    window_shape_one<MmaConfig<128, 64, 32, 4, 2, false, 4>>("window", p, flops);
   }
 
   // Mixed lengths in [256, 4096] (a fixed sequence of draws) up to 16k tokens, packed, beside
