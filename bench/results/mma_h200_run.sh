@@ -31,7 +31,15 @@ build() {  # build NAME SRC TARGETS EXTRA_CMAKE...
     timeout ${BUILD_TIMEOUT:-240} ninja -C /tmp/b-$name $targets > "$logs/build-$name.log" 2>&1
     echo $? > "$logs/build-$name.rc" ) &
 }
-build new . "$new_targets"
+# PREBUILT=DIR: DIR holds flashtile_cuda_mma_tests and flashtile_mma_variants built on the dev
+# machine for sm_90a (saves the build's device time); used when they run here, else built.
+if [ -n "${PREBUILT:-}" ] && "$PREBUILT/flashtile_cuda_mma_tests" --gtest_list_tests > /dev/null 2>&1; then
+  mkdir -p /tmp/b-new/tests; echo 0 > "$logs/build-new.rc"
+  cp "$PREBUILT/flashtile_mma_variants" /tmp/b-new/; cp "$PREBUILT/flashtile_cuda_mma_tests" /tmp/b-new/tests/
+  note "using the binaries in $PREBUILT"
+else
+  build new . "$new_targets"
+fi
 # BASE=0: no c0a5533 build and no dense comparison (a call that re-measures the variants only).
 [ "${BASE:-1}" = 1 ] && build base ../mma-base flashtile_mma_variants "${bench_only[@]}"
 [ -d build-prev ] && build prev build-prev flashtile_mma_variants "${bench_only[@]}"
