@@ -6,10 +6,12 @@
 //
 // Prints and (with --csv) writes one row per point: the field's dense grid (bf16, 16k
 // tokens, hidden 2048, seqlen 512..16k, d 64/128/256, full and causal), then at seqlen 16k
-// d=128 the variants beside plain causal, a packed varlen batch beside a dense batch of the
-// same work, and the narrow load path. Timing: CUDA events, L2 flushed (256 MiB written)
-// before every timed call, median of N; the GPU is kept busy for 0.5 s first. Outputs are
-// poisoned with NaN before the first call of every point and counted after it.
+// d=128 the variants beside plain causal (and causal windows of 512..4096), the softcap kernel
+// with 0..4 of 8 n-tiles' exp2 on the FMA pipe, the window on other tile shapes, a packed
+// varlen batch beside a dense batch of the same work, and the narrow load path. Timing: CUDA
+// events, L2 flushed (256 MiB written) before every timed call, median of N; the GPU is kept
+// busy for 0.5 s first. Outputs are poisoned with NaN before the first call of every point
+// and counted after it.
 //
 // With -DFLASHTILE_MMA_TILE_SWEEP (CMake FLASHTILE_MMA_TILE_SWEEP=ON) it instead times
 // several tile configurations per head dim: the measurement behind traits.cuh.
@@ -225,14 +227,13 @@ struct Bench {
     softcap_exp2_split_one<4>(p, flops);
   }
 
-  // Window (1024, 0) and plain causal, 16k, d=128 on other tile shapes and with the per-warp
-  // tile skip (the aligned plain kernel, called directly): data for a window-specific shape,
-  // which traits.cuh does not pick yet.
+  // Window (1024, 0), 16k, d=128 on other tile shapes (the aligned plain kernel, called
+  // directly): data for a window-specific shape, which traits.cuh does not pick.
   template <class Cfg>
   void window_shape_one(const char* what, const detail::AttentionParams& p, double flops) {
     char label[64];
-    std::snprintf(label, sizeof label, "%s M%d N%d W%d B%d%s", what, Cfg::kBlockM, Cfg::kBlockN,
-                  Cfg::kNWarps, Cfg::kMinBlocks, Cfg::kWarpTileSkip ? " skip" : "");
+    std::snprintf(label, sizeof label, "%s M%d N%d W%d B%d", what, Cfg::kBlockM, Cfg::kBlockN,
+                  Cfg::kNWarps, Cfg::kMinBlocks);
     time({"shape", label, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true}, flops,
          size_t(p.batch * p.seqlen_q * p.heads_q * p.head_dim), 0, [&] {
            detail::mma::launch_mma_forward<__nv_bfloat16, Cfg, detail::LogitsFlags<false, false>,
@@ -245,20 +246,13 @@ struct Bench {
                      out = view(buf.o, shape);
     Options o;
     o.causal = true;
-    o.backend = Backend::cuda_mma;
-    const detail::AttentionParams causal = detail::validate({q, k, v, &out, nullptr, o});
     o.window = {1024, 0};
+    o.backend = Backend::cuda_mma;
     const detail::AttentionParams p = detail::validate({q, k, v, &out, nullptr, o});
     const double flops = 4.0 * p.heads_q * double(p.seqlen_q) * p.seqlen_q * p.head_dim / 2.0;
     using detail::mma::MmaConfig;
-    using Default = MmaConfig<128, 128, 64, 4, 2, false, 2>;  // traits.cuh's
-    using DefaultSkip = MmaConfig<128, 128, 64, 4, 2, false, 2, 0, true>;
-    window_shape_one<Default>("causal", causal, flops);
-    window_shape_one<DefaultSkip>("causal", causal, flops);
-    window_shape_one<Default>("window", p, flops);
-    window_shape_one<DefaultSkip>("window", p, flops);
+    window_shape_one<MmaConfig<128, 128, 64, 4, 2, false, 2>>("window", p, flops);  // traits'
     window_shape_one<MmaConfig<128, 64, 64, 4, 2, false, 2>>("window", p, flops);  // 16 rows a warp
-    window_shape_one<MmaConfig<128, 64, 64, 4, 2, false, 2, 0, true>>("window", p, flops);
     window_shape_one<MmaConfig<128, 64, 32, 4, 2, false, 4>>("window", p, flops);
   }
 

@@ -252,9 +252,10 @@ TEST(CudaMma, LongerSequences) {
 }
 
 // Window edges at many offsets inside warps and 64-key tiles, sq != sk both ways, rows that
-// see no key (with and without sinks), and the softcap kernel, part of whose exp2s run on the
-// FMA pipe at d=96/128 (ptx/exp2_fma.cuh: a masked score must still weigh exactly 0).
-TEST(CudaMma, WindowEdgesAndSoftcapFmaExp2) {
+// see no key (with and without sinks), with softcap 20..50 (the case for MmaConfig's
+// kSoftcapFmaExp2Tiles: a masked score must still weigh exactly 0 when its exp2 runs on the
+// FMA pipe).
+TEST(CudaMma, WindowEdgesAndEmptyRows) {
   SKIP_WITHOUT_MMA_DEVICE();
   struct Case {
     int64_t q, k;

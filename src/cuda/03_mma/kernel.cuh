@@ -77,10 +77,8 @@ namespace flashtile::detail::mma {
 //               8-key n-tiles of each tile take their exp2 on the FMA pipe (ptx/exp2_fma.cuh)
 //               instead of the MUFU, which the softcap's tanh already loads with one op per
 //               score; 0 = every exp2 on the MUFU
-//   kWarpTileSkip: a warp skips the compute of every key tile none of its own rows sees (the
-//               CTA's other warps may): bench/mma_variants.cu's window lines only, for now
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kStages_, bool kQInRegs_,
-          int kMinBlocks_, int kSoftcapFmaExp2Tiles_ = 0, bool kWarpTileSkip_ = false>
+          int kMinBlocks_, int kSoftcapFmaExp2Tiles_ = 0>
 struct MmaConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
@@ -90,7 +88,6 @@ struct MmaConfig {
   static constexpr bool kQInRegs = kQInRegs_;
   static constexpr int kMinBlocks = kMinBlocks_;
   static constexpr int kSoftcapFmaExp2Tiles = kSoftcapFmaExp2Tiles_;
-  static constexpr bool kWarpTileSkip = kWarpTileSkip_;
 
   static constexpr int kThreads = kNWarps * 32;
   static constexpr int kWarpRows = kBlockM / kNWarps;
@@ -320,15 +317,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
     for (int half = 0; half < 2; ++half) state[mt][half] = {kNegInf, 0.0f};
 
-  // The key tiles this warp's own rows see (kWarpTileSkip; masks are monotone, so the
-  // warp's first and last rows bound them).
-  KeyBlocks<int> warp_blocks;
-  if constexpr (Cfg::kWarpTileSkip) {
-    const int warp_first_row = row_start + warp_row0;
-    warp_blocks = key_blocks(mask, warp_first_row,
-                             min(warp_first_row + Cfg::kWarpRows, seq.seqlen_q), kBlockN);
-  }
-
   for (int tile = 0; tile < n_tiles; ++tile) {
     ptx::cp_async_wait<kStages - 2>();  // this tile's K and V have landed (for this thread)
     __syncthreads();                    // ... for every thread; the oldest stage is free
@@ -338,10 +326,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const uint32_t v_stage = k_stage + Cfg::kTileBytes;
     const int n_block = blocks.end - 1 - tile;
     const int n0 = n_block * kBlockN;
-    // Every score of the tile would be -inf for this warp's rows: its state stays as it is.
-    // (The barrier and the loads above are the CTA's; every warp still takes part.)
-    if (Cfg::kWarpTileSkip && (n_block < warp_blocks.begin || n_block >= warp_blocks.end))
-      continue;
 
     // S = Q·Kᵀ  (kWarpRows, kBlockN), raw (unscaled) scores.
     float s[kMTiles][kNTiles][4];
