@@ -7,8 +7,8 @@
 // bf16's) and 2^j is built in the exponent bits. About nine FP32/ALU instructions instead
 // of one MUFU.EX2 (8.5 a score in the SASS at d=128).
 //
-// Domain: the softmax's x <= 0 (x - max). x <= -126.5 (and -inf) gives exactly +0 (j = -127),
-// as a masked score must; -126.5 < x < -126 gives a denormal where ex2.approx.ftz gives +0,
+// Domain: the softmax's x <= 0 (x - max). x < -126.5 (and -inf) gives exactly +0 (j = -127),
+// as a masked score must; -126.5 <= x < -126 gives a denormal where ex2.approx.ftz gives +0,
 // both far below any visible score's weight; NaN stays NaN (the clamp propagates it, and 2^j
 // multiplies rather than adds).
 #pragma once
