@@ -6,10 +6,12 @@
 //
 // Prints and (with --csv) writes one row per point: the field's dense grid (bf16, 16k
 // tokens, hidden 2048, seqlen 512..16k, d 64/128/256, full and causal), then at seqlen 16k
-// d=128 the variants beside plain causal, a packed varlen batch beside a dense batch of the
-// same work, and the narrow load path. Timing: CUDA events, L2 flushed (256 MiB written)
-// before every timed call, median of N; the GPU is kept busy for 0.5 s first. Outputs are
-// poisoned with NaN before the first call of every point and counted after it.
+// d=128 the variants beside plain causal (and causal windows of 512..4096), the softcap kernel
+// with 0..4 of 8 n-tiles' exp2 on the FMA pipe, the window on other tile shapes, a packed
+// varlen batch beside a dense batch of the same work, and the narrow load path. Timing: CUDA
+// events, L2 flushed (256 MiB written) before every timed call, median of N; the GPU is kept
+// busy for 0.5 s first. Outputs are poisoned with NaN before the first call of every point
+// and counted after it.
 //
 // With -DFLASHTILE_MMA_TILE_SWEEP (CMake FLASHTILE_MMA_TILE_SWEEP=ON) it instead times
 // several tile configurations per head dim: the measurement behind traits.cuh.
@@ -175,6 +177,12 @@ struct Bench {
       Options w = o;
       w.window = {1024, causal ? 0 : 1024};
       dense("variant", causal ? "window(1024,0)" : "window(1024,1024)", 16384, 128, w);
+      if (causal)  // time against window size: the per-block fixed cost and the per-tile one
+        for (int64_t left : {512, 2048, 4096}) {
+          Options wl = o;
+          wl.window = {left, 0};
+          dense("variant", "window(" + std::to_string(left) + ",0)", 16384, 128, wl);
+        }
       Options c = o;
       c.softcap = 50.0f;
       dense("variant", "softcap 50", 16384, 128, c);
@@ -188,6 +196,64 @@ struct Bench {
       ca.alibi_slopes = slope_view;
       dense("variant", "softcap 50 + alibi", 16384, 128, ca);
     }
+  }
+
+  // Softcap 50, causal, 16k, d=128: the softcap kernel with 0..4 of each tile's 8 n-tiles
+  // taking their exp2 on the FMA pipe (MmaConfig::kSoftcapFmaExp2Tiles; traits.cuh picks one).
+  template <int kFmaTiles>
+  void softcap_exp2_split_one(const detail::AttentionParams& p, double flops) {
+    using Cfg = detail::mma::MmaConfig<128, 128, 64, 4, 2, false, 2, kFmaTiles>;
+    const std::string label = "softcap 50, " + std::to_string(kFmaTiles) + "/8 exp2 on FMA";
+    time({"exp2", label, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true}, flops,
+         size_t(p.batch * p.seqlen_q * p.heads_q * p.head_dim), 0, [&] {
+           detail::mma::launch_mma_forward<__nv_bfloat16, Cfg, detail::LogitsFlags<true, false>,
+                                           true>(p, nullptr);
+         });
+  }
+  void softcap_exp2_split() {
+    const std::array<int64_t, 4> shape = {1, 16384, kHidden / 128, 128};
+    const TensorView q = view(buf.q, shape), k = view(buf.k, shape), v = view(buf.v, shape),
+                     out = view(buf.o, shape);
+    Options o;
+    o.causal = true;
+    o.softcap = 50.0f;
+    o.backend = Backend::cuda_mma;
+    const detail::AttentionParams p = detail::validate({q, k, v, &out, nullptr, o});
+    const double flops = 4.0 * p.heads_q * double(p.seqlen_q) * p.seqlen_q * p.head_dim / 2.0;
+    softcap_exp2_split_one<0>(p, flops);
+    softcap_exp2_split_one<1>(p, flops);
+    softcap_exp2_split_one<2>(p, flops);
+    softcap_exp2_split_one<3>(p, flops);
+    softcap_exp2_split_one<4>(p, flops);
+  }
+
+  // Window (1024, 0), 16k, d=128 on other tile shapes (the aligned plain kernel, called
+  // directly): data for a window-specific shape, which traits.cuh does not pick.
+  template <class Cfg>
+  void window_shape_one(const char* what, const detail::AttentionParams& p, double flops) {
+    char label[64];
+    std::snprintf(label, sizeof label, "%s M%d N%d W%d B%d", what, Cfg::kBlockM, Cfg::kBlockN,
+                  Cfg::kNWarps, Cfg::kMinBlocks);
+    time({"shape", label, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true}, flops,
+         size_t(p.batch * p.seqlen_q * p.heads_q * p.head_dim), 0, [&] {
+           detail::mma::launch_mma_forward<__nv_bfloat16, Cfg, detail::LogitsFlags<false, false>,
+                                           true>(p, nullptr);
+         });
+  }
+  void window_shapes() {
+    const std::array<int64_t, 4> shape = {1, 16384, kHidden / 128, 128};
+    const TensorView q = view(buf.q, shape), k = view(buf.k, shape), v = view(buf.v, shape),
+                     out = view(buf.o, shape);
+    Options o;
+    o.causal = true;
+    o.window = {1024, 0};
+    o.backend = Backend::cuda_mma;
+    const detail::AttentionParams p = detail::validate({q, k, v, &out, nullptr, o});
+    const double flops = 4.0 * p.heads_q * double(p.seqlen_q) * p.seqlen_q * p.head_dim / 2.0;
+    using detail::mma::MmaConfig;
+    window_shape_one<MmaConfig<128, 128, 64, 4, 2, false, 2>>("window", p, flops);  // traits'
+    window_shape_one<MmaConfig<128, 64, 64, 4, 2, false, 2>>("window", p, flops);  // 16 rows a warp
+    window_shape_one<MmaConfig<128, 64, 32, 4, 2, false, 4>>("window", p, flops);
   }
 
   // Mixed lengths in [256, 4096] (a fixed sequence of draws) up to 16k tokens, packed, beside
@@ -356,6 +422,8 @@ int main(int argc, char** argv) {
   if (!grid_only) {
 #if FLASHTILE_BENCH_VARIANTS
     bench.variants();
+    bench.softcap_exp2_split();
+    bench.window_shapes();
     bench.varlen();
     bench.narrow();
 #endif

@@ -251,6 +251,45 @@ TEST(CudaMma, LongerSequences) {
     }
 }
 
+// Window edges at many offsets inside warps and 64-key tiles, sq != sk both ways, rows that
+// see no key (with and without sinks), with softcap 20..50 (the case for MmaConfig's
+// kSoftcapFmaExp2Tiles: a masked score must still weigh exactly 0 when its exp2 runs on the
+// FMA pipe).
+TEST(CudaMma, WindowEdgesAndEmptyRows) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  struct Case {
+    int64_t q, k;
+    Window window;
+    bool causal;
+    float softcap;
+    bool alibi, sinks;
+  };
+  const Case cases[] = {
+      {600, 600, {100, 0}, false, 0, false, false},
+      {600, 650, {37, 5}, false, 0, false, false},
+      {650, 600, {0, 90}, false, 20.0f, false, false},
+      {500, 700, {200, -1}, false, 50.0f, false, true},
+      {700, 500, {-1, 17}, false, 0, true, false},
+      {640, 640, {1, 1}, false, 30.0f, true, true},
+      {300, 1200, {64, 0}, false, 50.0f, false, false},  // sq < sk: the last keys only
+      {1200, 300, {64, 0}, false, 50.0f, false, false},  // sq > sk: the first rows see nothing
+      {1200, 300, {}, true, 50.0f, false, true},         // ... causal, sink-only rows
+      {1000, 1000, {300, 0}, true, 50.0f, false, false},
+  };
+  Margin softcap_margin{"softcap, window edges"}, other_margin{"window edges"};
+  int rotate = 0;
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (const Case& c : cases) {
+      const int64_t head_dims[] = {128, 96, 64};
+      Shape s = shape_of(dtype, 1, c.q, c.k, 2, 1, head_dims[rotate % 3]);
+      s.strided = rotate % 4 == 1;
+      ++rotate;
+      s.window = c.window, s.causal = c.causal, s.softcap = c.softcap;
+      s.alibi = c.alibi, s.sinks = c.sinks;
+      expect_matches_oracle(s, std::nullopt, c.softcap != 0 ? &softcap_margin : &other_margin);
+    }
+}
+
 TEST(CudaMma, AutoPicksMmaForHalfTypesWithVariants) {
   SKIP_WITHOUT_MMA_DEVICE();
   for (DType dtype : {DType::f16, DType::bf16})

@@ -60,6 +60,7 @@
 #include "attn/variant.hpp"
 #include "cuda/03_mma/tile_io.cuh"
 #include "cuda/common.cuh"
+#include "cuda/ptx/exp2_fma.cuh"
 #include "cuda/ptx/mma.cuh"
 
 namespace flashtile::detail::mma {
@@ -72,8 +73,12 @@ namespace flashtile::detail::mma {
 //   kQInRegs  : keep the Q fragments in registers for the whole loop (else re-read them
 //               from shared memory with ldmatrix for every tile)
 //   kMinBlocks: CTAs per SM asked of the register allocator (__launch_bounds__)
+//   kSoftcapFmaExp2Tiles: in the softcap kernel (softcap without ALiBi), the first this many
+//               8-key n-tiles of each tile take their exp2 on the FMA pipe (ptx/exp2_fma.cuh)
+//               instead of the MUFU, which the softcap's tanh already loads with one op per
+//               score; 0 = every exp2 on the MUFU
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kStages_, bool kQInRegs_,
-          int kMinBlocks_>
+          int kMinBlocks_, int kSoftcapFmaExp2Tiles_ = 0>
 struct MmaConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
@@ -82,6 +87,7 @@ struct MmaConfig {
   static constexpr int kStages = kStages_;
   static constexpr bool kQInRegs = kQInRegs_;
   static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr int kSoftcapFmaExp2Tiles = kSoftcapFmaExp2Tiles_;
 
   static constexpr int kThreads = kNWarps * 32;
   static constexpr int kWarpRows = kBlockM / kNWarps;
@@ -110,6 +116,8 @@ struct MmaConfig {
                 "tiles are a whole number of cp.async passes");
   static_assert(32 % kRowChunks == 0 || kRowChunks % 32 == 0,
                 "the output copy maps lanes onto whole rows");
+  static_assert(kSoftcapFmaExp2Tiles >= 0 && kSoftcapFmaExp2Tiles <= kNTiles,
+                "the FMA-pipe exp2 takes some of a tile's n-tiles");
 };
 
 // Per-lane byte offsets (within an aligned group of 8 chunks) of chunk 2j + hi for
@@ -409,16 +417,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           }
         }
         // P = exp(logit - m) = 2^(logit·log2e - m·log2e), the plain kernel's logit being
-        // scale·s: one FFMA + one MUFU.EX2 per score.
+        // scale·s: one FFMA + one MUFU.EX2 per score. The softcap kernel's tanh is a second
+        // MUFU op per score: it takes kSoftcapFmaExp2Tiles n-tiles' exp2 on the FMA pipe.
         const float shift = safe_shift(st.m) * kLog2e;
         const float to_log2 = Logits::kPlain ? scale_log2 : kLog2e;
+        constexpr int kFmaExp2Tiles =
+            Logits::kSoftcap && !Logits::kAlibi ? Cfg::kSoftcapFmaExp2Tiles : 0;
         float row_sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = s[mt][nt][2 * half + e];
-            x = ptx::exp2_approx(fmaf(x, to_log2, -shift));
+            const float exponent = fmaf(x, to_log2, -shift);
+            x = nt < kFmaExp2Tiles ? ptx::exp2_fma(exponent) : ptx::exp2_approx(exponent);
             row_sum += x;
           }
         st.l += row_sum;

@@ -34,12 +34,22 @@ struct MmaTraits;
 //  d=96 : not measured separately; the d=128 shape (its smem rows are padded to 128).
 // Pattern: 32 rows per warp (two m-tiles sharing every K/V fragment) and two CTAs per SM
 // beat 16 rows per warp at any occupancy: ldmatrix traffic per mma halves.
+// The softcap kernel at d=128 (and d=96, the same shape): of each tile's 8 n-tiles, this
+// many would take their exp2 on the FMA pipe (kernel.cuh, MmaConfig). H200,
+// bench/mma_variants.cu, softcap 50, causal, 16k, ms for 0..4 of 8 (2026-12-01):
+//   this tile loop (bench/results/mma_perf_v2_log.txt, plain causal 3.415):
+//     3.803 3.865 3.943 4.262 4.230
+//   an earlier loop with per-warp 16-key steps (mma_perf_v1_log.txt, plain causal 3.435):
+//     3.802 3.721 3.792 3.865 4.018
+// One n-tile in eight won 2.1% in one schedule and lost 1.6% in the other: not a robust
+// lever at one MUFU.TANH + one MUFU.EX2 per score, so every exp2 stays on the MUFU.
+inline constexpr int kSoftcapFmaExp2TilesD128 = 0;
 template <>
 struct MmaTraits<64> : MmaConfig<64, 128, 128, 4, 2, false, 2> {};
 template <>
-struct MmaTraits<96> : MmaConfig<96, 128, 64, 4, 2, false, 2> {};
+struct MmaTraits<96> : MmaConfig<96, 128, 64, 4, 2, false, 2, kSoftcapFmaExp2TilesD128> {};
 template <>
-struct MmaTraits<128> : MmaConfig<128, 128, 64, 4, 2, false, 2> {};
+struct MmaTraits<128> : MmaConfig<128, 128, 64, 4, 2, false, 2, kSoftcapFmaExp2TilesD128> {};
 template <>
 struct MmaTraits<256> : MmaConfig<256, 64, 32, 4, 2, false, 2> {};
 
