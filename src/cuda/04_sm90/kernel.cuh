@@ -1,0 +1,381 @@
+// Journey step 4 — cuda_sm90: Hopper warpgroup MMA (wgmma), fp16/bf16, sm_90a only.
+//
+// Step 4.1 (this file): wgmma with synchronous loads.
+//  - Each consumer warpgroup (4 warps, 128 threads) owns 64 query rows; a CTA holds
+//    kWarpgroups of them, which share every K/V tile.
+//  - S = Q·Kᵀ is wgmma m64n{kBlockN}k16 with Q and K both read from shared memory through
+//    descriptors (K-major, 128-byte swizzle); O += P·V is m64n{kHeadDim}k16 with P from
+//    registers (the S accumulator, packed in place to 16-bit pairs) and V read MN-major
+//    through its descriptor (the transpose costs nothing).
+//  - K/V tiles come in through a kStages-deep cp.async ring (the next tile is in flight
+//    while this one is computed), Q once; every wgmma waits for its own result
+//    (wgmma.wait_group 0), so the softmax does not yet overlap the tensor cores.
+//  - Feature core: key tiles from key_blocks(), the mask from Mask (only needs_mask()
+//    tiles evaluate it), offsets from SeqlenInfo (dense and varlen), the online softmax
+//    through softmax_state.hpp, sinks through add_sink, the LSE index from
+//    SeqlenInfo::lse_index. Softcap and ALiBi are not in this step (refused on the host).
+// Measured: docs/JOURNEY.md "Step 4 — cuda_sm90".
+//
+// Next steps (issue 9): TMA loads into an mbarrier ring, a producer warp with setmaxnreg,
+// ping-pong between the two consumer warpgroups, softmax/GEMM overlap inside one, a
+// persistent scheduler, a TMA-store epilogue.
+//
+// Shared-memory tiles (Q, K, V, and O in the epilogue) all use wgmma's K-major 128-byte-
+// swizzle canonical layout: the 16-bit columns are cut into blocks of 64 (128 bytes); block
+// c of a kRows-row tile occupies kRows·128 contiguous bytes, row r at r·128, and 16-byte
+// chunk j of that row at (j ^ (r % 8))·16. Every tile starts on 1024 bytes (the swizzle is
+// applied to address bits 4-6 from bits 7-9, so it must be aligned to the 8-row atom).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "attn/block_range.hpp"
+#include "attn/seqlen.hpp"
+#include "attn/softmax_state.hpp"
+#include "attn/variant.hpp"
+#include "cuda/common.cuh"
+#include "cuda/ptx/mma.cuh"
+#include "cuda/ptx/wgmma.cuh"
+
+namespace flashtile::detail::sm90 {
+
+inline constexpr int kWarpgroupThreads = 128;
+inline constexpr int kWarpgroupRows = 64;   // the M of every wgmma
+inline constexpr int kSwizzleBytes = 128;   // one row of a swizzle atom
+inline constexpr int kSwizzleCols = 64;     // 16-bit columns in kSwizzleBytes
+inline constexpr int kAtomBytes = 1024;     // 8 rows of kSwizzleBytes
+
+// One kernel configuration (Sm90Traits<head_dim> in traits.cuh picks one per head dim).
+//   kHeadDim   : head dim, a multiple of 64 (whole swizzle blocks)
+//   kBlockN    : keys per K/V tile (the N of S = Q·Kᵀ)
+//   kWarpgroups: consumer warpgroups per CTA, 64 query rows each
+//   kStages    : depth of the K/V cp.async ring
+//   kMinBlocks : CTAs per SM asked of the register allocator
+template <int kHeadDim_, int kBlockN_, int kWarpgroups_, int kStages_, int kMinBlocks_>
+struct Sm90Config {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarpgroups = kWarpgroups_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kMinBlocks = kMinBlocks_;
+
+  static constexpr int kBlockM = kWarpgroupRows * kWarpgroups;
+  static constexpr int kThreads = kWarpgroupThreads * kWarpgroups;
+  static constexpr int kRowChunks = kHeadDim / 8;       // 16-byte chunks per row
+  static constexpr int kQKSteps = kHeadDim / 16;        // k-steps of Q·Kᵀ
+  static constexpr int kPVSteps = kBlockN / 16;         // k-steps of P·V
+  static constexpr int kSRegs = kBlockN / 2;            // S accumulator registers per thread
+  static constexpr int kORegs = kHeadDim / 2;           // O accumulator registers per thread
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one K or one V tile
+  // Q, then kStages (K, V) pairs, plus the slack to align the start to kAtomBytes.
+  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes + kAtomBytes;
+
+  static_assert(kHeadDim % kSwizzleCols == 0 && kHeadDim <= 256,
+                "head dim: whole 64-column swizzle blocks, at most 256 (wgmma N)");
+  static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256,
+                "K/V tiles: whole 16-key k-steps of P·V, at most 256 keys (wgmma N)");
+  static_assert(kBlockN % 8 == 0, "K tiles hold whole 8-row swizzle atoms");
+  static_assert(kStages >= 2, "the cp.async ring needs at least two stages");
+  static_assert(kQBytes % kAtomBytes == 0 && kTileBytes % kAtomBytes == 0,
+                "every tile starts on a 1024-byte swizzle atom");
+};
+
+// The first kAtomBytes-aligned shared address at or after `raw` (dynamic shared memory is
+// only 16-byte aligned; kSmemBytes holds the slack).
+__device__ __forceinline__ uint32_t atom_aligned(uint32_t raw) {
+  return (raw + kAtomBytes - 1) & ~uint32_t(kAtomBytes - 1);
+}
+
+// Byte offset of 16-byte chunk `chunk` (columns 8·chunk .. 8·chunk+7) of row `row` in a
+// swizzled tile of kRows rows (the layout in the header comment).
+template <int kRows>
+__host__ __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
+  return static_cast<uint32_t>((chunk / 8) * (kRows * kSwizzleBytes) + row * kSwizzleBytes +
+                               (((chunk % 8) ^ (row % 8)) * 16));
+}
+
+// Descriptor of the K-major operand that k-step `ks` (columns 16·ks .. 16·ks+15) of rows
+// [row0, row0 + 64 or N) reads: Q as A of Q·Kᵀ, K as its B. Inside a swizzle block a k-step
+// starts 32 bytes further (the hardware swizzles the address it forms); the 8-row groups
+// lie kAtomBytes apart (stride offset); the leading offset is unused for this layout.
+template <int kRows>
+__device__ __forceinline__ uint64_t k_major_descriptor(uint32_t tile, int row0, int ks) {
+  const uint32_t address = tile + (ks / 4) * (kRows * kSwizzleBytes) + row0 * kSwizzleBytes +
+                           (ks % 4) * 32;
+  return ptx::smem_descriptor_128b(address, /*leading_bytes=*/16, /*stride_bytes=*/kAtomBytes);
+}
+
+// Descriptor of the MN-major operand that k-step `kk` (keys 16·kk .. 16·kk+15) reads: V as
+// B of P·V (N = head dim runs along the rows of the tile). The next 64 head-dim columns
+// lie one swizzle block (kRows·128 bytes) further (leading offset); the next 8 keys one
+// atom further (stride offset).
+template <int kRows>
+__device__ __forceinline__ uint64_t mn_major_descriptor(uint32_t tile, int kk) {
+  const uint32_t address = tile + kk * 16 * kSwizzleBytes;
+  return ptx::smem_descriptor_128b(address, /*leading_bytes=*/kRows * kSwizzleBytes,
+                                   /*stride_bytes=*/kAtomBytes);
+}
+
+// Copies rows [0, kRows) of a strided tensor (row 0 at `src`, rows `row_stride` elements
+// apart, 16-byte aligned) into a swizzled tile with every thread of the CTA; rows >=
+// valid_rows are zero-filled (no garbage, e.g. 0·NaN, reaches the products).
+template <class Cfg, int kRows, class T>
+__device__ __forceinline__ void load_tile_async(uint32_t tile, const T* src, int64_t row_stride,
+                                                int valid_rows) {
+  constexpr int kChunks = kRows * Cfg::kRowChunks;
+  static_assert(kChunks % Cfg::kThreads == 0, "a tile is a whole number of copy passes");
+#pragma unroll
+  for (int i = 0; i < kChunks / Cfg::kThreads; ++i) {
+    const int id = static_cast<int>(threadIdx.x) + i * Cfg::kThreads;
+    const int row = id / Cfg::kRowChunks, chunk = id % Cfg::kRowChunks;
+    const bool ok = row < valid_rows;
+    // A skipped copy still names a valid address (row 0 always exists) but reads nothing.
+    const T* from = ok ? src + row * row_stride + chunk * 8 : src;
+    ptx::cp_async_16(tile + swizzled_offset<kRows>(row, chunk), from, ok);
+  }
+}
+
+// Where this thread's accumulator registers lie inside its warpgroup's 64-row tile.
+struct FragmentCoords {
+  int warp_in_group, lane;
+  __device__ __forceinline__ FragmentCoords()
+      : warp_in_group(static_cast<int>(threadIdx.x / 32) % 4),
+        lane(static_cast<int>(threadIdx.x % 32)) {}
+  // Register r of a row half: rows g (half 0) and g + 8 (half 1).
+  __device__ __forceinline__ int row(int half) const {
+    return ptx::accumulator_row(warp_in_group, lane, 2 * half);
+  }
+  __device__ __forceinline__ int col(int r) const { return ptx::accumulator_col(lane, r); }
+};
+
+// Accumulator registers 8·kk .. 8·kk+7 (S columns 16·kk .. 16·kk+15) as the A operand of
+// k-step kk of P·V: a[0] = row g, cols 2t..; a[1] = row g+8; a[2], a[3] = the same 8 columns
+// further (ptx/wgmma.cuh).
+template <class T, int kRegs>
+__device__ __forceinline__ void pack_a_operand(uint32_t (&a)[4], const float (&s)[kRegs], int kk) {
+  a[0] = ptx::pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+  a[1] = ptx::pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+  a[2] = ptx::pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+  a[3] = ptx::pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+}
+
+template <int kRegs>
+__device__ __forceinline__ void fence_registers(float (&r)[kRegs]) {
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) ptx::fence_register(r[i]);
+}
+
+// The forward kernel. Plain logits (scale·q·k) with any mask, sinks, dense or varlen.
+template <class T, class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    sm90_forward_kernel(const AttentionParams p) {
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  constexpr int kSRegs = Cfg::kSRegs, kORegs = Cfg::kORegs;
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  using Mma = ptx::Wgmma<T, kBlockN>;        // S (64, kBlockN) = Q (64, d) · Kᵀ
+  using MmaPV = ptx::Wgmma<T, Cfg::kHeadDim>;  // O (64, d) += P (64, kBlockN) · V
+
+  extern __shared__ unsigned char smem_raw[];
+  // [ Q (kBlockM, d) | stage 0: K (kBlockN, d), V (kBlockN, d) | stage 1 ... ], swizzled.
+  const uint32_t raw = ptx::smem_addr(smem_raw);
+  const uint32_t smem_q = atom_aligned(raw);
+  unsigned char* const smem = smem_raw + (smem_q - raw);
+  const uint32_t smem_kv = smem_q + Cfg::kQBytes;
+
+  const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
+  const FragmentCoords frag;
+  const int64_t h = blockIdx.y, b = blockIdx.z, hk = h / p.heads_per_kv();
+  const SeqlenInfo<int> seq(p, b);
+  const int row_start =
+      heaviest_first_block(p.window_left, p.window_right, blockIdx.x, gridDim.x) * kBlockM;
+  if (row_start >= seq.seqlen_q) return;  // past this sequence's end (varlen)
+  const Mask<int> mask = seq.mask(p);
+  const int row_end = min(row_start + kBlockM, seq.seqlen_q);
+  // Key tiles some row of this CTA sees, visited last-first: tile i is key block end-1-i.
+  const KeyBlocks<int> blocks = key_blocks(mask, row_start, row_end, kBlockN);
+  const int n_tiles = blocks.count();
+
+  const T* q_tile = static_cast<const T*>(p.q) + seq.q_offset(p, b, row_start, h);
+  const T* k_head = static_cast<const T*>(p.k) + seq.k_offset(p, b, 0, hk);
+  const T* v_head = static_cast<const T*>(p.v) + seq.v_offset(p, b, 0, hk);
+
+  load_tile_async<Cfg, kBlockM>(smem_q, q_tile, p.q_row_stride, seq.seqlen_q - row_start);
+  ptx::cp_async_commit();
+  auto issue_tile = [&](int tile) {
+    if (tile < n_tiles) {
+      const int n0 = (blocks.end - 1 - tile) * kBlockN;
+      const uint32_t stage = smem_kv + (tile % kStages) * 2 * Cfg::kTileBytes;
+      const int valid_rows = seq.seqlen_k - n0;
+      load_tile_async<Cfg, kBlockN>(stage, k_head + n0 * p.k_row_stride, p.k_row_stride,
+                                    valid_rows);
+      load_tile_async<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_head + n0 * p.v_row_stride,
+                                    p.v_row_stride, valid_rows);
+    }
+    ptx::cp_async_commit();  // empty groups keep the wait counts uniform
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue_tile(s);
+
+  // The softmax folds the scale into its exp2, so the max of the raw scores must be the max
+  // of the logits: a negative scale is moved into Q by flipping its sign bits once (exact).
+  // scale_log2 stays above 0 so that a masked score (-inf) still gives 2^-inf = 0.
+  const float scale = fabsf(p.scale);
+  const float scale_log2 = fmaxf(scale * kLog2e, FLT_MIN);
+  if (p.scale < 0.0f) {
+    ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
+    __syncthreads();
+    for (int i = threadIdx.x; i < Cfg::kQBytes / 4; i += Cfg::kThreads)
+      reinterpret_cast<uint32_t*>(smem)[i] ^= 0x80008000u;
+  }
+
+  // This warpgroup's 64 rows of Q.
+  const int wg_row0 = warpgroup * kWarpgroupRows;
+  float o[kORegs];  // O (64, d) accumulator of this warpgroup
+#pragma unroll
+  for (int r = 0; r < kORegs; ++r) o[r] = 0.0f;
+  // Rows g and g + 8 of this thread: running max in natural units, and this thread's
+  // partial sum l over its columns (the quad's four partials add up to the row's l).
+  SoftmaxState<float> state[2];
+  state[0] = state[1] = {kNegInf, 0.0f};
+  float s[kSRegs];  // S (64, kBlockN) accumulator, then P in fp32
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    ptx::cp_async_wait<kStages - 2>();  // this tile's K and V have landed (this thread's)
+    ptx::fence_proxy_async_shared();    // ... visible to wgmma
+    __syncthreads();                    // ... for every thread; the oldest stage is free
+    issue_tile(tile + kStages - 1);
+
+    const uint32_t k_stage = smem_kv + (tile % kStages) * 2 * Cfg::kTileBytes;
+    const uint32_t v_stage = k_stage + Cfg::kTileBytes;
+    const int n_block = blocks.end - 1 - tile;
+    const int n0 = n_block * kBlockN;
+
+    // S = Q·Kᵀ (64, kBlockN), raw scores.
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Cfg::kQKSteps; ++ks)
+      Mma::ss(s, k_major_descriptor<kBlockM>(smem_q, wg_row0, ks),
+              k_major_descriptor<kBlockN>(k_stage, 0, ks), ks > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    fence_registers(s);
+
+    // Only the tiles key_blocks() names hold keys some row must not see (the diagonal, the
+    // window's edges, the end of K). Register r is row frag.row((r / 2) % 2), key col(r).
+    if (blocks.needs_mask(n_block)) {
+#pragma unroll
+      for (int r = 0; r < kSRegs; ++r) {
+        const int row = row_start + wg_row0 + frag.row((r / 2) % 2);
+        if (!mask.visible(row, n0 + frag.col(r))) s[r] = kNegInf;
+      }
+    }
+
+    // Online softmax, one row half at a time; P overwrites S.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float row_max = kNegInf;
+#pragma unroll
+      for (int c = 0; c < kBlockN / 8; ++c)
+        row_max = fmaxf(row_max, fmaxf(s[4 * c + 2 * half], s[4 * c + 2 * half + 1]));
+      // The quad's four lanes hold the row's columns.
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+      const float block_max = row_max == kNegInf ? kNegInf : row_max * scale;  // natural units
+      SoftmaxState<float>& st = state[half];
+      const float alpha = online_softmax_rescale(st, block_max);
+#pragma unroll
+      for (int c = 0; c < Cfg::kHeadDim / 8; ++c) {
+        o[4 * c + 2 * half] *= alpha;
+        o[4 * c + 2 * half + 1] *= alpha;
+      }
+      // P = exp(scale·s - m) = 2^(s·scale·log2e - m·log2e): one FFMA + one MUFU.EX2.
+      const float shift = safe_shift(st.m) * kLog2e;
+      float row_sum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kBlockN / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[4 * c + 2 * half + e];
+          x = ptx::exp2_approx(fmaf(x, scale_log2, -shift));
+          row_sum += x;
+        }
+      st.l += row_sum;
+    }
+
+    // O += P·V: P (64, kBlockN) from registers, V (kBlockN, d) MN-major from shared memory.
+    uint32_t p_frag[Cfg::kPVSteps][4];
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kPVSteps; ++kk) pack_a_operand<T>(p_frag[kk], s, kk);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kPVSteps; ++kk)
+      MmaPV::rs(o, p_frag[kk], mn_major_descriptor<kBlockN>(v_stage, kk), true);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    fence_registers(o);
+  }
+
+  // Epilogue: O is staged through this warpgroup's rows of the Q tile (no wgmma reads Q
+  // any more once every warpgroup has passed this barrier), then copied out in 16-byte rows.
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  const float sink = sink_logit<float>(p, h);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    SoftmaxState<float> st = state[half];
+    st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
+    st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+    // add_sink would leave a state without sinks unchanged; the branch spares its exps.
+    const float sink_factor = p.sinks != nullptr ? add_sink(st, sink) : 1.0f;
+    const float out_scale = sink_factor * output_scale(st);  // 0 for a fully masked row
+    const int local_row = wg_row0 + frag.row(half);
+#pragma unroll
+    for (int c = 0; c < Cfg::kHeadDim / 8; ++c) {
+      // Conflict-free: a quad writes one 16-byte chunk, the 8 rows 8 distinct bank groups.
+      const uint32_t packed = ptx::pack2<T>(o[4 * c + 2 * half] * out_scale,
+                                            o[4 * c + 2 * half + 1] * out_scale);
+      *reinterpret_cast<uint32_t*>(smem + swizzled_offset<kBlockM>(local_row, c) +
+                                   4 * (frag.lane % 4)) = packed;
+    }
+    const int row = row_start + local_row;
+    if (p.lse != nullptr && frag.lane % 4 == 0 && row < seq.seqlen_q)
+      p.lse[seq.lse_index(p, b, h, row)] = log_sum_exp(st);
+  }
+  __syncthreads();
+
+  T* o_tile = static_cast<T*>(p.o) + seq.o_offset(p, b, row_start, h);
+  constexpr int kOutChunks = kBlockM * Cfg::kRowChunks;
+  static_assert(kOutChunks % Cfg::kThreads == 0, "the output is a whole number of passes");
+#pragma unroll
+  for (int i = 0; i < kOutChunks / Cfg::kThreads; ++i) {
+    const int id = static_cast<int>(threadIdx.x) + i * Cfg::kThreads;
+    const int row = id / Cfg::kRowChunks, chunk = id % Cfg::kRowChunks;
+    if (row_start + row < seq.seqlen_q)
+      *reinterpret_cast<uint4*>(o_tile + row * p.o_row_stride + chunk * 8) =
+          *reinterpret_cast<const uint4*>(smem + swizzled_offset<kBlockM>(row, chunk));
+  }
+}
+
+// Launches one configuration on `stream`; the grid covers the longest sequence
+// (p.seqlen_q) of every (head, batch entry).
+template <class T, class Cfg>
+void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream) {
+  auto* kernel = &sm90_forward_kernel<T, Cfg>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  Cfg::kSmemBytes),
+             "cudaFuncSetAttribute(sm90_forward_kernel)");
+  const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
+                  static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  check_launch("sm90_forward_kernel");
+}
+
+}  // namespace flashtile::detail::sm90
