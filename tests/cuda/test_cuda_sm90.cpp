@@ -122,12 +122,31 @@ TEST(Sm90Pieces, PVProductMatchesHost) {
 
 // ---- attention against the oracle --------------------------------------------------------
 
+// Pins the kernel's load path for one scope (FLASHTILE_SM90_LOADS, read at each call):
+// "tma" fails a call whose TMA maps cannot be encoded, so a passing test ran on TMA.
+class ScopedLoads {
+ public:
+  explicit ScopedLoads(const char* loads) { setenv("FLASHTILE_SM90_LOADS", loads, 1); }
+  ~ScopedLoads() { unsetenv("FLASHTILE_SM90_LOADS"); }
+  ScopedLoads(const ScopedLoads&) = delete;
+  ScopedLoads& operator=(const ScopedLoads&) = delete;
+};
+
 class CudaSm90Grid : public ::testing::TestWithParam<DType> {};
 
 // Seqlens 1, 17, 113, 127, 128, 129, 1023, 1025 with seqlen_q != seqlen_k both ways, causal
-// or not, MHA/GQA/MQA, strided views, at both head dims.
+// or not, MHA/GQA/MQA, strided views, at both head dims: through TMA (step 4.2, what dense
+// calls take), then through cp.async (step 4.1, what varlen calls take).
 TEST_P(CudaSm90Grid, MatchesOracle) {
   SKIP_WITHOUT_SM90_DEVICE();
+  const ScopedLoads tma("tma");
+  for (const Shape& s : testing::backend_grid({64, 128}, GetParam(), !small_grid()))
+    expect_matches_oracle(s);
+}
+
+TEST_P(CudaSm90Grid, CpAsyncLoadsMatchOracle) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  const ScopedLoads cp_async("cp_async");
   for (const Shape& s : testing::backend_grid({64, 128}, GetParam(), !small_grid()))
     expect_matches_oracle(s);
 }
@@ -205,45 +224,54 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaSm90Grid, ::testing::Values(DType::bf16, DT
 
 TEST(CudaSm90, ScaleOfAnySign) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (float scale : {-0.37f, 0.0f, 1.5f})
-    for (bool causal : {false, true}) {
-      Shape s = shape_of(DType::f16, 1, 100, 150, 2, 1, 64);
-      s.causal = causal;
-      expect_matches_oracle(s, scale);
-    }
+  for (const char* loads : {"tma", "cp_async"}) {
+    const ScopedLoads pinned(loads);
+    for (float scale : {-0.37f, 0.0f, 1.5f})
+      for (bool causal : {false, true}) {
+        Shape s = shape_of(DType::f16, 1, 100, 150, 2, 1, 64);
+        s.causal = causal;
+        expect_matches_oracle(s, scale);
+      }
+  }
 }
 
-// Many tiles through the cp.async ring, the longest causal blocks, and a sliding window
-// that skips most of them.
+// Many tiles through the ring (both load paths), the longest causal blocks, and a sliding
+// window that skips most of them.
 TEST(CudaSm90, LongerSequences) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (int64_t d : {64, 128})
-    for (int mask = 0; mask < 3; ++mask) {
-      Shape s = shape_of(DType::bf16, 1, 2000, 2100, 2, 2, d);
-      s.causal = mask == 1;
-      if (mask == 2) s.window = {300, 0};
-      expect_matches_oracle(s);
-    }
+  for (const char* loads : {"tma", "cp_async"}) {
+    const ScopedLoads pinned(loads);
+    for (int64_t d : {64, 128})
+      for (int mask = 0; mask < 3; ++mask) {
+        Shape s = shape_of(DType::bf16, 1, 2000, 2100, 2, 2, d);
+        s.causal = mask == 1;
+        if (mask == 2) s.window = {300, 0};
+        expect_matches_oracle(s);
+      }
+  }
 }
 
-// Bitwise the same over 100 runs, with a window and sinks on.
+// Bitwise the same over 100 runs, with a window and sinks on, on each load path.
 TEST(CudaSm90, DeterministicOver100Runs) {
   SKIP_WITHOUT_SM90_DEVICE();
-  Shape s = shape_of(DType::bf16, 2, 257, 300, 4, 2, 128);
-  s.window = {100, 20};
-  s.sinks = true;
-  AttentionCase c(s);
-  DeviceCase d(c);
-  d.run(c, kSm90);
-  expect_oracle(c);
-  const testing::HostBytes first_out = c.out.bytes;
-  const std::vector<float> first_lse = c.lse;
-  for (int run = 1; run < 100; ++run) {
-    d.poison();
+  for (const char* loads : {"tma", "cp_async"}) {
+    const ScopedLoads pinned(loads);
+    Shape s = shape_of(DType::bf16, 2, 257, 300, 4, 2, 128);
+    s.window = {100, 20};
+    s.sinks = true;
+    AttentionCase c(s);
+    DeviceCase d(c);
     d.run(c, kSm90);
-    ASSERT_EQ(c.out.bytes, first_out) << "run " << run;
-    ASSERT_EQ(std::memcmp(c.lse.data(), first_lse.data(), c.lse.size() * sizeof(float)), 0)
-        << "lse, run " << run;
+    expect_oracle(c);
+    const testing::HostBytes first_out = c.out.bytes;
+    const std::vector<float> first_lse = c.lse;
+    for (int run = 1; run < 100; ++run) {
+      d.poison();
+      d.run(c, kSm90);
+      ASSERT_EQ(c.out.bytes, first_out) << "run " << run;
+      ASSERT_EQ(std::memcmp(c.lse.data(), first_lse.data(), c.lse.size() * sizeof(float)), 0)
+          << "lse, run " << run;
+    }
   }
 }
 

@@ -1,5 +1,8 @@
 // cuda_sm90's dispatch to its head-dim specialisations (sm_90a translation unit; the
 // backend entry in backend.cu reaches it through sm90.hpp).
+#include <cstdlib>
+#include <string>
+
 #include "cuda/04_sm90/sm90.hpp"
 #include "cuda/04_sm90/traits.cuh"
 #include "cuda/device_guard.cuh"
@@ -16,20 +19,33 @@ int shared_bytes_for(int64_t head_dim) {
 
 namespace {
 template <int kHeadDim>
-void run_for_dtype(const AttentionParams& p, cudaStream_t stream) {
+void run_for_dtype(const AttentionParams& p, cudaStream_t stream, Loads loads) {
   if (p.dtype == DType::bf16)
-    run_sm90_forward<__nv_bfloat16, kHeadDim>(p, stream);
+    run_sm90_forward<__nv_bfloat16, kHeadDim>(p, stream, loads);
   else
-    run_sm90_forward<__half, kHeadDim>(p, stream);
+    run_sm90_forward<__half, kHeadDim>(p, stream, loads);
+}
+
+// FLASHTILE_SM90_LOADS=cp_async|tma pins the load path (step 4.1 or 4.2) for the journey's
+// side-by-side measurements and the tests of each path; unset, TMA serves what it can.
+Loads loads_from_environment() {
+  const char* value = std::getenv("FLASHTILE_SM90_LOADS");
+  if (value == nullptr || *value == '\0') return Loads::automatic;
+  const std::string name(value);
+  if (name == "cp_async") return Loads::cp_async;
+  if (name == "tma") return Loads::tma;
+  throw Error(ErrorKind::invalid_argument,
+              "FLASHTILE_SM90_LOADS must be cp_async or tma; got '" + name + "'");
 }
 }  // namespace
 
 void run_forward(const AttentionParams& p, void* stream_handle) {
   const DeviceGuard on_device(p.device_index);
   auto stream = static_cast<cudaStream_t>(stream_handle);
+  const Loads loads = loads_from_environment();
   switch (p.head_dim) {
-    case 64: run_for_dtype<64>(p, stream); break;
-    case 128: run_for_dtype<128>(p, stream); break;
+    case 64: run_for_dtype<64>(p, stream, loads); break;
+    case 128: run_for_dtype<128>(p, stream, loads); break;
     default:
       throw Error(ErrorKind::unsupported,
                   "cuda_sm90 supports head_dim 64 and 128; got " + std::to_string(p.head_dim));

@@ -1,6 +1,6 @@
 // Journey step 4 — cuda_sm90: Hopper warpgroup MMA (wgmma), fp16/bf16, sm_90a only.
 //
-// Step 4.1 (this file): wgmma with synchronous loads.
+// Step 4.1: wgmma with synchronous loads.
 //  - Each consumer warpgroup (4 warps, 128 threads) owns 64 query rows; a CTA holds
 //    kWarpgroups of them, which share every K/V tile.
 //  - S = Q·Kᵀ is wgmma m64n{kBlockN}k16 with Q and K both read from shared memory through
@@ -10,6 +10,10 @@
 //  - K/V tiles come in through a kStages-deep cp.async ring (the next tile is in flight
 //    while this one is computed), Q once; every wgmma waits for its own result
 //    (wgmma.wait_group 0), so the softmax does not yet overlap the tensor cores.
+// Step 4.2 (kTma): Q once and every K/V tile by TMA (cp.async.bulk.tensor, maps from
+//    tensor_map.cuh) into the same kStages ring, each stage completing on its mbarrier; one
+//    thread of the CTA issues the copies (no producer warp yet), every thread waits on the
+//    stage's phase. Varlen batches keep the cp.async path (tensor_map.cuh says why).
 //  - Feature core: key tiles from key_blocks(), the mask from Mask (only needs_mask()
 //    tiles evaluate it), offsets from SeqlenInfo (dense and varlen), the online softmax
 //    through softmax_state.hpp, sinks through add_sink, the LSE index from
@@ -40,7 +44,10 @@
 #include "attn/softmax_state.hpp"
 #include "attn/variant.hpp"
 #include "cuda/common.cuh"
+#include "cuda/04_sm90/tensor_map.cuh"
+#include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/mma.cuh"
+#include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
 
 namespace flashtile::detail::sm90 {
@@ -74,8 +81,10 @@ struct Sm90Config {
   static constexpr int kORegs = kHeadDim / 2;           // O accumulator registers per thread
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one K or one V tile
-  // Q, then kStages (K, V) pairs, plus the slack to align the start to kAtomBytes.
-  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes + kAtomBytes;
+  // TMA path: one mbarrier for Q and one per stage, after the tiles.
+  static constexpr int kBarrierBytes = 8 * (1 + kStages);
+  // Q, then kStages (K, V) pairs, the barriers, and the slack to align the start.
+  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes + kBarrierBytes + kAtomBytes;
 
   static_assert(kHeadDim % kSwizzleCols == 0 && kHeadDim <= 256,
                 "head dim: whole 64-column swizzle blocks, at most 256 (wgmma N)");
@@ -173,9 +182,10 @@ __device__ __forceinline__ void fence_registers(float (&r)[kRegs]) {
 }
 
 // The forward kernel. Plain logits (scale·q·k) with any mask, sinks, dense or varlen.
-template <class T, class Cfg>
+// kTma: Q, K and V come by TMA through `maps` (dense only), else by cp.async.
+template <class T, class Cfg, bool kTma>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
-    sm90_forward_kernel(const AttentionParams p) {
+    sm90_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kSRegs = Cfg::kSRegs, kORegs = Cfg::kORegs;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -189,6 +199,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const uint32_t smem_q = atom_aligned(raw);
   unsigned char* const smem = smem_raw + (smem_q - raw);
   const uint32_t smem_kv = smem_q + Cfg::kQBytes;
+  // TMA path: [ Q barrier | stage 0 barrier | ... ] after the last stage.
+  const uint32_t q_barrier = smem_kv + kStages * 2 * Cfg::kTileBytes;
+  auto stage_barrier = [&](int stage) { return q_barrier + 8u * (1 + stage); };
+  const bool tma_issuer = kTma && threadIdx.x == 0;
 
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
   const FragmentCoords frag;
@@ -207,9 +221,43 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const T* k_head = static_cast<const T*>(p.k) + seq.k_offset(p, b, 0, hk);
   const T* v_head = static_cast<const T*>(p.v) + seq.v_offset(p, b, 0, hk);
 
-  load_tile_async<Cfg, kBlockM>(smem_q, q_tile, p.q_row_stride, seq.seqlen_q - row_start);
-  ptx::cp_async_commit();
+  // Copies of one TMA box per 64-column swizzle block of a tile; tiles hold block c at
+  // c·rows·128 bytes, which is where the map's 128-byte swizzle puts each box.
+  auto tma_tile = [&](uint32_t dst, const CUtensorMap* map, uint32_t barrier, int rows, int row0,
+                      int64_t head) {
+#pragma unroll
+    for (int c = 0; c < Cfg::kHeadDim / kSwizzleCols; ++c)
+      ptx::tma_load_4d(dst + c * rows * kSwizzleBytes, map, barrier, c * kSwizzleCols, row0,
+                       static_cast<int>(head), static_cast<int>(b));
+  };
+  if constexpr (kTma) {
+    if (tma_issuer) {
+      ptx::tma_prefetch_map(&maps.k);
+      ptx::tma_prefetch_map(&maps.v);
+      ptx::mbarrier_init(q_barrier, 1);
+      for (int stage = 0; stage < kStages; ++stage) ptx::mbarrier_init(stage_barrier(stage), 1);
+      ptx::mbarrier_init_fence();
+      ptx::mbarrier_arrive_expect_tx(q_barrier, Cfg::kQBytes);
+      tma_tile(smem_q, &maps.q, q_barrier, kBlockM, seq.q_start + row_start, h);
+    }
+    __syncthreads();  // the barriers are initialised before anyone waits on them
+  } else {
+    load_tile_async<Cfg, kBlockM>(smem_q, q_tile, p.q_row_stride, seq.seqlen_q - row_start);
+    ptx::cp_async_commit();
+  }
   auto issue_tile = [&](int tile) {
+    if constexpr (kTma) {
+      if (tma_issuer && tile < n_tiles) {
+        const int n0 = (blocks.end - 1 - tile) * kBlockN;
+        const int stage = tile % kStages;
+        const uint32_t k_dst = smem_kv + stage * 2 * Cfg::kTileBytes;
+        ptx::mbarrier_arrive_expect_tx(stage_barrier(stage), 2 * Cfg::kTileBytes);
+        tma_tile(k_dst, &maps.k, stage_barrier(stage), kBlockN, seq.k_start + n0, hk);
+        tma_tile(k_dst + Cfg::kTileBytes, &maps.v, stage_barrier(stage), kBlockN,
+                 seq.k_start + n0, hk);
+      }
+      return;
+    }
     if (tile < n_tiles) {
       const int n0 = (blocks.end - 1 - tile) * kBlockN;
       const uint32_t stage = smem_kv + (tile % kStages) * 2 * Cfg::kTileBytes;
@@ -230,7 +278,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const float scale = fabsf(p.scale);
   const float scale_log2 = fmaxf(scale * kLog2e, FLT_MIN);
   if (p.scale < 0.0f) {
-    ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
+    if constexpr (kTma)
+      ptx::mbarrier_wait(q_barrier, 0);
+    else
+      ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
     __syncthreads();
     for (int i = threadIdx.x; i < Cfg::kQBytes / 4; i += Cfg::kThreads)
       reinterpret_cast<uint32_t*>(smem)[i] ^= 0x80008000u;
@@ -247,11 +298,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   state[0] = state[1] = {kNegInf, 0.0f};
   float s[kSRegs];  // S (64, kBlockN) accumulator, then P in fp32
 
+  if constexpr (kTma) ptx::mbarrier_wait(q_barrier, 0);
   for (int tile = 0; tile < n_tiles; ++tile) {
-    ptx::cp_async_wait<kStages - 2>();  // this tile's K and V have landed (this thread's)
-    ptx::fence_proxy_async_shared();    // ... visible to wgmma
-    __syncthreads();                    // ... for every thread; the oldest stage is free
-    issue_tile(tile + kStages - 1);
+    if constexpr (kTma) {
+      ptx::fence_proxy_async_shared();  // a negative scale's flipped Q, before the barrier
+      __syncthreads();                  // every warpgroup is done with the oldest stage
+      issue_tile(tile + kStages - 1);
+      // This tile's K and V have landed: phase tile / kStages of its stage's barrier.
+      ptx::mbarrier_wait(stage_barrier(tile % kStages), (tile / kStages) % 2);
+    } else {
+      ptx::cp_async_wait<kStages - 2>();  // this tile's K and V have landed (this thread's)
+      ptx::fence_proxy_async_shared();    // ... visible to wgmma
+      __syncthreads();                    // ... for every thread; the oldest stage is free
+      issue_tile(tile + kStages - 1);
+    }
 
     const uint32_t k_stage = smem_kv + (tile % kStages) * 2 * Cfg::kTileBytes;
     const uint32_t v_stage = k_stage + Cfg::kTileBytes;
@@ -325,7 +385,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   // Epilogue: O is staged through this warpgroup's rows of the Q tile (no wgmma reads Q
   // any more once every warpgroup has passed this barrier), then copied out in 16-byte rows.
-  ptx::cp_async_wait<0>();
+  // (TMA: every copy issued was waited for, so none is still writing shared memory.)
+  if constexpr (!kTma) ptx::cp_async_wait<0>();
   __syncthreads();
   const float sink = sink_logit<float>(p, h);
 #pragma unroll
@@ -366,16 +427,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
 // Launches one configuration on `stream`; the grid covers the longest sequence
 // (p.seqlen_q) of every (head, batch entry).
-template <class T, class Cfg>
-void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream) {
-  auto* kernel = &sm90_forward_kernel<T, Cfg>;
+template <class T, class Cfg, bool kTma>
+void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, cudaStream_t stream) {
+  auto* kernel = &sm90_forward_kernel<T, Cfg, kTma>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   Cfg::kSmemBytes),
              "cudaFuncSetAttribute(sm90_forward_kernel)");
   const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
   check_launch("sm90_forward_kernel");
+}
+
+// TMA where the maps can be encoded (dense calls), else the cp.async path. kLoads forces
+// one path (the tests and the journey's measurements compare both).
+enum class Loads { automatic, tma, cp_async };
+
+template <class T, class Cfg>
+void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
+                         Loads loads = Loads::automatic) {
+  TmaMaps maps{};
+  const bool tma = loads != Loads::cp_async && encode_dense_maps(p, Cfg::kBlockM, Cfg::kBlockN, maps);
+  if (loads == Loads::tma && !tma)
+    throw Error(ErrorKind::unsupported, "cuda_sm90: the TMA maps of this call cannot be encoded");
+  if (tma)
+    launch_sm90_kernel<T, Cfg, true>(p, maps, stream);
+  else
+    launch_sm90_kernel<T, Cfg, false>(p, maps, stream);
 }
 
 }  // namespace flashtile::detail::sm90
