@@ -4,11 +4,12 @@
 # beside cuda_mma (bf16, the field's grid at seqlen 4k and 16k, d 64/128, causal and not),
 # on each load path.
 # Uses binaries built elsewhere for sm_90a when BIN names them and they run here, else
-# builds the two targets it needs. Logs go to $OUT (device tool) or ./sm90-check-logs.
+# builds the two targets it needs. Logs go to ./sm90-check-logs; under the device tool they
+# also come back as $OUT/sm90-check-logs.tgz, refreshed after every step.
 # Usage (repo root, .device/ carried): scripts/sm90-check.sh [BIN_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-logs=${OUT:-sm90-check-logs}
+logs=sm90-check-logs
 mkdir -p "$logs"
 deps=${DEPS:-$PWD/.device/deps}
 [ -d "$deps" ] || deps=$PWD/../../.device/deps  # run from a worktree under .wt/
@@ -21,6 +22,7 @@ step() {  # step NAME SECONDS COMMAND...: run under a time limit, log, print the
   timeout "$limit" "$@" >"$logs/$name.log" 2>&1
   local rc=$?
   echo "    rc=$rc ($((SECONDS - t0)) s)"; tail -n "${TAIL:-4}" "$logs/$name.log" | sed 's/^/    /'
+  [ -n "${OUT:-}" ] && tar czf "$OUT/sm90-check-logs.tgz" "$logs"
   return $rc
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -35,17 +37,17 @@ if [ -z "$bin" ] || ! "$bin/flashtile_cuda_sm90_tests" --gtest_list_tests >/dev/
     cp $build/tools/flashtile $build/bin/
   bin=$build/bin
 fi
-TAIL=8 step pieces 60 "$bin/flashtile_cuda_sm90_tests" --gtest_filter='Sm90Pieces.*'
-TAIL=12 step tests ${TEST_LIMIT:-150} "$bin/flashtile_cuda_sm90_tests" --gtest_filter='-Sm90Pieces.*'
-subset='Sm90Pieces.*:Dtypes/CudaSm90Grid.MatchesOracle/bfloat16:CudaSm90.ScaleOfAnySign:CudaSm90.Refuses*'
-FLASHTILE_SMALL_GRID=1 step memcheck ${SAN_LIMIT:-90} compute-sanitizer --tool memcheck \
-  --error-exitcode 1 "$bin/flashtile_cuda_sm90_tests" --gtest_filter="$subset"
-FLASHTILE_SMALL_GRID=1 step racecheck ${SAN_LIMIT:-90} compute-sanitizer --tool racecheck \
-  --error-exitcode 1 "$bin/flashtile_cuda_sm90_tests" \
-  --gtest_filter='Sm90Pieces.*:CudaSm90.ScaleOfAnySign'
+TAIL=8 step pieces 30 "$bin/flashtile_cuda_sm90_tests" --gtest_filter='Sm90Pieces.*'
+TAIL=12 step tests ${TEST_LIMIT:-90} "$bin/flashtile_cuda_sm90_tests" --gtest_filter='-Sm90Pieces.*'
 # Step 4.2 (TMA, the default for dense calls) beside cuda_mma, then step 4.1 (cp.async).
 bench=("$bin/flashtile" bench --sweep --sweep-seqlens 4096,16384 --sweep-head-dims 64,128
        --sweep-causal 0,1 --backends cuda_sm90,cuda_mma --dtype bf16)
-TAIL=20 step bench ${BENCH_LIMIT:-120} "${bench[@]}" --output "$logs/sm90_bench_tma.csv"
-FLASHTILE_SM90_LOADS=cp_async TAIL=20 step bench_cp_async ${BENCH_LIMIT:-120} "${bench[@]}" \
+TAIL=20 step bench ${BENCH_LIMIT:-40} "${bench[@]}" --output "$logs/sm90_bench_tma.csv"
+FLASHTILE_SM90_LOADS=cp_async TAIL=20 step bench_cp_async ${BENCH_LIMIT:-40} "${bench[@]}" \
   --output "$logs/sm90_bench_cp_async.csv"
+subset='Sm90Pieces.*:Dtypes/CudaSm90Grid.MatchesOracle/bfloat16:CudaSm90.ScaleOfAnySign:CudaSm90.Refuses*'
+FLASHTILE_SMALL_GRID=1 step memcheck ${SAN_LIMIT:-40} compute-sanitizer --tool memcheck \
+  --error-exitcode 1 "$bin/flashtile_cuda_sm90_tests" --gtest_filter="$subset"
+FLASHTILE_SMALL_GRID=1 step racecheck ${SAN_LIMIT:-40} compute-sanitizer --tool racecheck \
+  --error-exitcode 1 "$bin/flashtile_cuda_sm90_tests" \
+  --gtest_filter='Sm90Pieces.*:CudaSm90.ScaleOfAnySign'
