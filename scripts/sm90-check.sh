@@ -39,15 +39,18 @@ if [ -z "$bin" ] || ! "$bin/flashtile_cuda_sm90_tests" --gtest_list_tests >/dev/
 fi
 TAIL=8 step pieces 30 "$bin/flashtile_cuda_sm90_tests" --gtest_filter='Sm90Pieces.*'
 TAIL=12 step tests ${TEST_LIMIT:-90} "$bin/flashtile_cuda_sm90_tests" --gtest_filter='-Sm90Pieces.*'
-# Step 4.2 (TMA, the default for dense calls) beside cuda_mma, then step 4.1 (cp.async).
+# Step 4.3 (warp-specialised TMA, the default for dense calls) beside cuda_mma, then steps
+# 4.2 and 4.1 pinned through FLASHTILE_SM90_PIPELINE.
 bench=("$bin/flashtile" bench --sweep --sweep-seqlens 4096,16384 --sweep-head-dims 64,128
        --sweep-causal 0,1 --backends cuda_sm90,cuda_mma --dtype bf16)
-TAIL=20 step bench ${BENCH_LIMIT:-40} "${bench[@]}" --output "$logs/sm90_bench_tma.csv"
-FLASHTILE_SM90_LOADS=cp_async TAIL=20 step bench_cp_async ${BENCH_LIMIT:-40} "${bench[@]}" \
-  --output "$logs/sm90_bench_cp_async.csv"
+TAIL=20 step bench ${BENCH_LIMIT:-40} "${bench[@]}" --output "$logs/sm90_bench_tma_ws.csv"
+for pipeline in tma cp_async; do
+  FLASHTILE_SM90_PIPELINE=$pipeline TAIL=20 step bench_$pipeline ${BENCH_LIMIT:-40} "${bench[@]}" \
+    --output "$logs/sm90_bench_$pipeline.csv"
+done
 subset='Sm90Pieces.*:Dtypes/CudaSm90Grid.MatchesOracle/bfloat16:CudaSm90.ScaleOfAnySign:CudaSm90.Refuses*'
 FLASHTILE_SMALL_GRID=1 step memcheck ${SAN_LIMIT:-40} compute-sanitizer --tool memcheck \
   --error-exitcode 1 "$bin/flashtile_cuda_sm90_tests" --gtest_filter="$subset"
 FLASHTILE_SMALL_GRID=1 step racecheck ${SAN_LIMIT:-40} compute-sanitizer --tool racecheck \
   --error-exitcode 1 "$bin/flashtile_cuda_sm90_tests" \
-  --gtest_filter='Sm90Pieces.*:CudaSm90.ScaleOfAnySign'
+  --gtest_filter='Sm90Pieces.*:CudaSm90.ScaleOfAnySign:Dtypes/CudaSm90Grid.MatchesOracle/bfloat16'

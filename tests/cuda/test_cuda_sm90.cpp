@@ -122,31 +122,41 @@ TEST(Sm90Pieces, PVProductMatchesHost) {
 
 // ---- attention against the oracle --------------------------------------------------------
 
-// Pins the kernel's load path for one scope (FLASHTILE_SM90_LOADS, read at each call):
-// "tma" fails a call whose TMA maps cannot be encoded, so a passing test ran on TMA.
-class ScopedLoads {
+// Pins the kernel's pipeline for one scope (FLASHTILE_SM90_PIPELINE, read at each call):
+// "tma_ws" (step 4.3, what dense calls take), "tma" (4.2) or "cp_async" (4.1, what varlen
+// calls take). A TMA pipeline fails a call whose maps cannot be encoded, so a passing test
+// ran on the pipeline it names.
+class ScopedPipeline {
  public:
-  explicit ScopedLoads(const char* loads) { setenv("FLASHTILE_SM90_LOADS", loads, 1); }
-  ~ScopedLoads() { unsetenv("FLASHTILE_SM90_LOADS"); }
-  ScopedLoads(const ScopedLoads&) = delete;
-  ScopedLoads& operator=(const ScopedLoads&) = delete;
+  explicit ScopedPipeline(const char* name) { setenv("FLASHTILE_SM90_PIPELINE", name, 1); }
+  ~ScopedPipeline() { unsetenv("FLASHTILE_SM90_PIPELINE"); }
+  ScopedPipeline(const ScopedPipeline&) = delete;
+  ScopedPipeline& operator=(const ScopedPipeline&) = delete;
 };
+constexpr const char* kPipelines[] = {"tma_ws", "tma", "cp_async"};
 
 class CudaSm90Grid : public ::testing::TestWithParam<DType> {};
 
 // Seqlens 1, 17, 113, 127, 128, 129, 1023, 1025 with seqlen_q != seqlen_k both ways, causal
-// or not, MHA/GQA/MQA, strided views, at both head dims: through TMA (step 4.2, what dense
-// calls take), then through cp.async (step 4.1, what varlen calls take).
+// or not, MHA/GQA/MQA, strided views, at both head dims: on the warp-specialised TMA
+// pipeline (step 4.3, what dense calls take), then on steps 4.2 and 4.1.
 TEST_P(CudaSm90Grid, MatchesOracle) {
   SKIP_WITHOUT_SM90_DEVICE();
-  const ScopedLoads tma("tma");
+  const ScopedPipeline pinned("tma_ws");
+  for (const Shape& s : testing::backend_grid({64, 128}, GetParam(), !small_grid()))
+    expect_matches_oracle(s);
+}
+
+TEST_P(CudaSm90Grid, TmaWithoutWarpSpecialisationMatchesOracle) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  const ScopedPipeline pinned("tma");
   for (const Shape& s : testing::backend_grid({64, 128}, GetParam(), !small_grid()))
     expect_matches_oracle(s);
 }
 
 TEST_P(CudaSm90Grid, CpAsyncLoadsMatchOracle) {
   SKIP_WITHOUT_SM90_DEVICE();
-  const ScopedLoads cp_async("cp_async");
+  const ScopedPipeline pinned("cp_async");
   for (const Shape& s : testing::backend_grid({64, 128}, GetParam(), !small_grid()))
     expect_matches_oracle(s);
 }
@@ -224,8 +234,8 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaSm90Grid, ::testing::Values(DType::bf16, DT
 
 TEST(CudaSm90, ScaleOfAnySign) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (const char* loads : {"tma", "cp_async"}) {
-    const ScopedLoads pinned(loads);
+  for (const char* pipeline : kPipelines) {
+    const ScopedPipeline pinned(pipeline);
     for (float scale : {-0.37f, 0.0f, 1.5f})
       for (bool causal : {false, true}) {
         Shape s = shape_of(DType::f16, 1, 100, 150, 2, 1, 64);
@@ -235,12 +245,12 @@ TEST(CudaSm90, ScaleOfAnySign) {
   }
 }
 
-// Many tiles through the ring (both load paths), the longest causal blocks, and a sliding
+// Many tiles through the ring (every pipeline), the longest causal blocks, and a sliding
 // window that skips most of them.
 TEST(CudaSm90, LongerSequences) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (const char* loads : {"tma", "cp_async"}) {
-    const ScopedLoads pinned(loads);
+  for (const char* pipeline : kPipelines) {
+    const ScopedPipeline pinned(pipeline);
     for (int64_t d : {64, 128})
       for (int mask = 0; mask < 3; ++mask) {
         Shape s = shape_of(DType::bf16, 1, 2000, 2100, 2, 2, d);
@@ -251,11 +261,11 @@ TEST(CudaSm90, LongerSequences) {
   }
 }
 
-// Bitwise the same over 100 runs, with a window and sinks on, on each load path.
+// Bitwise the same over 100 runs, with a window and sinks on, on each pipeline.
 TEST(CudaSm90, DeterministicOver100Runs) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (const char* loads : {"tma", "cp_async"}) {
-    const ScopedLoads pinned(loads);
+  for (const char* pipeline : kPipelines) {
+    const ScopedPipeline pinned(pipeline);
     Shape s = shape_of(DType::bf16, 2, 257, 300, 4, 2, 128);
     s.window = {100, 20};
     s.sinks = true;

@@ -19,33 +19,35 @@ int shared_bytes_for(int64_t head_dim) {
 
 namespace {
 template <int kHeadDim>
-void run_for_dtype(const AttentionParams& p, cudaStream_t stream, Loads loads) {
+void run_for_dtype(const AttentionParams& p, cudaStream_t stream, std::optional<Pipeline> pinned) {
   if (p.dtype == DType::bf16)
-    run_sm90_forward<__nv_bfloat16, kHeadDim>(p, stream, loads);
+    run_sm90_forward<__nv_bfloat16, kHeadDim>(p, stream, pinned);
   else
-    run_sm90_forward<__half, kHeadDim>(p, stream, loads);
+    run_sm90_forward<__half, kHeadDim>(p, stream, pinned);
 }
 
-// FLASHTILE_SM90_LOADS=cp_async|tma pins the load path (step 4.1 or 4.2) for the journey's
-// side-by-side measurements and the tests of each path; unset, TMA serves what it can.
-Loads loads_from_environment() {
-  const char* value = std::getenv("FLASHTILE_SM90_LOADS");
-  if (value == nullptr || *value == '\0') return Loads::automatic;
+// FLASHTILE_SM90_PIPELINE=cp_async|tma|tma_ws pins the pipeline (step 4.1, 4.2 or 4.3) for
+// the journey's side-by-side measurements and the tests of each step; unset, the newest
+// one that serves the call runs.
+std::optional<Pipeline> pipeline_from_environment() {
+  const char* value = std::getenv("FLASHTILE_SM90_PIPELINE");
+  if (value == nullptr || *value == '\0') return std::nullopt;
   const std::string name(value);
-  if (name == "cp_async") return Loads::cp_async;
-  if (name == "tma") return Loads::tma;
+  if (name == "cp_async") return Pipeline::cp_async;
+  if (name == "tma") return Pipeline::tma;
+  if (name == "tma_ws") return Pipeline::tma_warp_specialized;
   throw Error(ErrorKind::invalid_argument,
-              "FLASHTILE_SM90_LOADS must be cp_async or tma; got '" + name + "'");
+              "FLASHTILE_SM90_PIPELINE must be cp_async, tma or tma_ws; got '" + name + "'");
 }
 }  // namespace
 
 void run_forward(const AttentionParams& p, void* stream_handle) {
   const DeviceGuard on_device(p.device_index);
   auto stream = static_cast<cudaStream_t>(stream_handle);
-  const Loads loads = loads_from_environment();
+  const std::optional<Pipeline> pinned = pipeline_from_environment();
   switch (p.head_dim) {
-    case 64: run_for_dtype<64>(p, stream, loads); break;
-    case 128: run_for_dtype<128>(p, stream, loads); break;
+    case 64: run_for_dtype<64>(p, stream, pinned); break;
+    case 128: run_for_dtype<128>(p, stream, pinned); break;
     default:
       throw Error(ErrorKind::unsupported,
                   "cuda_sm90 supports head_dim 64 and 128; got " + std::to_string(p.head_dim));

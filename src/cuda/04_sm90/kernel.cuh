@@ -10,19 +10,24 @@
 //  - K/V tiles come in through a kStages-deep cp.async ring (the next tile is in flight
 //    while this one is computed), Q once; every wgmma waits for its own result
 //    (wgmma.wait_group 0), so the softmax does not yet overlap the tensor cores.
-// Step 4.2 (kTma): Q once and every K/V tile by TMA (cp.async.bulk.tensor, maps from
-//    tensor_map.cuh) into the same kStages ring, each stage completing on its mbarrier; one
-//    thread of the CTA issues the copies (no producer warp yet), every thread waits on the
-//    stage's phase. Varlen batches keep the cp.async path (tensor_map.cuh says why).
+// Step 4.2 (Pipeline::tma): Q once and every K/V tile by TMA (cp.async.bulk.tensor, maps
+//    from tensor_map.cuh) into the same kStages ring, each stage completing on its mbarrier;
+//    one thread of the CTA issues the copies, every thread waits on the stage's phase, and a
+//    __syncthreads per tile frees the oldest stage.
+// Step 4.3 (sm90_ws_forward_kernel): warp specialisation. A producer warpgroup (setmaxnreg
+//    down to 24 registers; one thread issues every TMA copy) and the consumer warpgroups
+//    (setmaxnreg up to 240) meet only on mbarriers: "full" per stage (TMA bytes landed) and
+//    "empty" per stage (every consumer warp has finished its wgmma on it), so no
+//    __syncthreads remains in the loop and the producer runs up to kStages tiles ahead.
+// Varlen batches keep the cp.async path (tensor_map.cuh says why).
 //  - Feature core: key tiles from key_blocks(), the mask from Mask (only needs_mask()
 //    tiles evaluate it), offsets from SeqlenInfo (dense and varlen), the online softmax
 //    through softmax_state.hpp, sinks through add_sink, the LSE index from
 //    SeqlenInfo::lse_index. Softcap and ALiBi are not in this step (refused on the host).
 // Measured: docs/JOURNEY.md "Step 4 — cuda_sm90".
 //
-// Next steps (issue 9): TMA loads into an mbarrier ring, a producer warp with setmaxnreg,
-// ping-pong between the two consumer warpgroups, softmax/GEMM overlap inside one, a
-// persistent scheduler, a TMA-store epilogue.
+// Next steps (issue 9): ping-pong between the two consumer warpgroups, softmax/GEMM
+// overlap inside one, a persistent scheduler, a TMA-store epilogue.
 //
 // Shared-memory tiles (Q, K, V, and O in the epilogue) all use wgmma's K-major 128-byte-
 // swizzle canonical layout: the 16-bit columns are cut into blocks of 64 (128 bytes); block
@@ -38,6 +43,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 
 #include "attn/block_range.hpp"
 #include "attn/seqlen.hpp"
@@ -81,8 +87,8 @@ struct Sm90Config {
   static constexpr int kORegs = kHeadDim / 2;           // O accumulator registers per thread
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one K or one V tile
-  // TMA path: one mbarrier for Q and one per stage, after the tiles.
-  static constexpr int kBarrierBytes = 8 * (1 + kStages);
+  // TMA paths: one mbarrier for Q, a "full" one per stage and an "empty" one per stage.
+  static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
   // Q, then kStages (K, V) pairs, the barriers, and the slack to align the start.
   static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes + kBarrierBytes + kAtomBytes;
 
@@ -157,6 +163,7 @@ struct FragmentCoords {
   __device__ __forceinline__ FragmentCoords()
       : warp_in_group(static_cast<int>(threadIdx.x / 32) % 4),
         lane(static_cast<int>(threadIdx.x % 32)) {}
+  __device__ __forceinline__ int thread_in_group() const { return 32 * warp_in_group + lane; }
   // Register r of a row half: rows g (half 0) and g + 8 (half 1).
   __device__ __forceinline__ int row(int half) const {
     return ptx::accumulator_row(warp_in_group, lane, 2 * half);
@@ -181,160 +188,138 @@ __device__ __forceinline__ void fence_registers(float (&r)[kRegs]) {
   for (int i = 0; i < kRegs; ++i) ptx::fence_register(r[i]);
 }
 
-// The forward kernel. Plain logits (scale·q·k) with any mask, sinks, dense or varlen.
-// kTma: Q, K and V come by TMA through `maps` (dense only), else by cp.async.
-template <class T, class Cfg, bool kTma>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
-    sm90_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps) {
-  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
-  constexpr int kSRegs = Cfg::kSRegs, kORegs = Cfg::kORegs;
-  constexpr float kLog2e = 1.4426950408889634f;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  using Mma = ptx::Wgmma<T, kBlockN>;        // S (64, kBlockN) = Q (64, d) · Kᵀ
+// Which load/sync scheme a dense call runs (the journey's steps, kept side by side so each
+// can be measured and tested; varlen calls always take cp_async).
+enum class Pipeline { cp_async, tma, tma_warp_specialized };
+
+// Shared-memory map of one CTA: [ Q (kBlockM, d) | stage s: K (kBlockN, d), V (kBlockN, d)
+// ... | barriers: Q, full[kStages], empty[kStages] ], every tile swizzled.
+template <class Cfg>
+struct SmemMap {
+  unsigned char* base;  // generic pointer to the Q tile
+  uint32_t q, kv;       // shared addresses of the Q tile and of stage 0
+  __device__ __forceinline__ explicit SmemMap(unsigned char* raw_ptr) {
+    const uint32_t raw = ptx::smem_addr(raw_ptr);
+    q = atom_aligned(raw);
+    base = raw_ptr + (q - raw);
+    kv = q + Cfg::kQBytes;
+  }
+  __device__ __forceinline__ uint32_t k_stage(int stage) const {
+    return kv + stage * 2 * Cfg::kTileBytes;
+  }
+  __device__ __forceinline__ uint32_t v_stage(int stage) const {
+    return k_stage(stage) + Cfg::kTileBytes;
+  }
+  __device__ __forceinline__ uint32_t q_barrier() const { return k_stage(Cfg::kStages); }
+  __device__ __forceinline__ uint32_t full_barrier(int stage) const {
+    return q_barrier() + 8u * (1 + stage);
+  }
+  __device__ __forceinline__ uint32_t empty_barrier(int stage) const {
+    return q_barrier() + 8u * (1 + Cfg::kStages + stage);
+  }
+};
+
+// What one CTA computes: its query block of one (batch, head), the key tiles that block
+// visits (last-first: tile i is key block blocks.end - 1 - i) and where its rows live.
+struct CtaWork {
+  int64_t b, h, hk;
+  SeqlenInfo<int> seq;
+  Mask<int> mask;
+  int row_start;
+  KeyBlocks<int> blocks;
+
+  __device__ __forceinline__ CtaWork(const AttentionParams& p, int block_m, int block_n)
+      : b(blockIdx.z), h(blockIdx.y), hk(int64_t(blockIdx.y) / p.heads_per_kv()), seq(p, b),
+        mask(seq.mask(p)),
+        row_start(heaviest_first_block(p.window_left, p.window_right, blockIdx.x, gridDim.x) *
+                  block_m) {
+    // Past this sequence's end (varlen) the block is empty; callers return.
+    if (row_start < seq.seqlen_q)
+      blocks = key_blocks(mask, row_start, min(row_start + block_m, seq.seqlen_q), block_n);
+  }
+  __device__ __forceinline__ bool idle() const { return row_start >= seq.seqlen_q; }
+  __device__ __forceinline__ int n_tiles() const { return blocks.count(); }
+  __device__ __forceinline__ int key_block(int tile) const { return blocks.end - 1 - tile; }
+};
+
+// One box per 64-column swizzle block of a tile: tiles hold block c at c·rows·128 bytes,
+// which is where the map's 128-byte swizzle puts each box. One thread issues them.
+template <class Cfg>
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, uint32_t barrier,
+                                              int rows, int row0, int64_t head, int64_t b) {
+#pragma unroll
+  for (int c = 0; c < Cfg::kHeadDim / kSwizzleCols; ++c)
+    ptx::tma_load_4d(dst + c * rows * kSwizzleBytes, map, barrier, c * kSwizzleCols, row0,
+                     static_cast<int>(head), static_cast<int>(b));
+}
+
+// One consumer warpgroup: 64 query rows, their O accumulator and softmax state, and the
+// per-tile math (S = Q·Kᵀ, mask, online softmax, O += P·V) every pipeline shares.
+template <class T, class Cfg>
+struct ConsumerWarpgroup {
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr float kLog2e = 1.4426950408889634f;
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  using MmaQK = ptx::Wgmma<T, kBlockN>;        // S (64, kBlockN) = Q (64, d) · Kᵀ
   using MmaPV = ptx::Wgmma<T, Cfg::kHeadDim>;  // O (64, d) += P (64, kBlockN) · V
 
-  extern __shared__ unsigned char smem_raw[];
-  // [ Q (kBlockM, d) | stage 0: K (kBlockN, d), V (kBlockN, d) | stage 1 ... ], swizzled.
-  const uint32_t raw = ptx::smem_addr(smem_raw);
-  const uint32_t smem_q = atom_aligned(raw);
-  unsigned char* const smem = smem_raw + (smem_q - raw);
-  const uint32_t smem_kv = smem_q + Cfg::kQBytes;
-  // TMA path: [ Q barrier | stage 0 barrier | ... ] after the last stage.
-  const uint32_t q_barrier = smem_kv + kStages * 2 * Cfg::kTileBytes;
-  auto stage_barrier = [&](int stage) { return q_barrier + 8u * (1 + stage); };
-  const bool tma_issuer = kTma && threadIdx.x == 0;
-
-  const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
-  const FragmentCoords frag;
-  const int64_t h = blockIdx.y, b = blockIdx.z, hk = h / p.heads_per_kv();
-  const SeqlenInfo<int> seq(p, b);
-  const int row_start =
-      heaviest_first_block(p.window_left, p.window_right, blockIdx.x, gridDim.x) * kBlockM;
-  if (row_start >= seq.seqlen_q) return;  // past this sequence's end (varlen)
-  const Mask<int> mask = seq.mask(p);
-  const int row_end = min(row_start + kBlockM, seq.seqlen_q);
-  // Key tiles some row of this CTA sees, visited last-first: tile i is key block end-1-i.
-  const KeyBlocks<int> blocks = key_blocks(mask, row_start, row_end, kBlockN);
-  const int n_tiles = blocks.count();
-
-  const T* q_tile = static_cast<const T*>(p.q) + seq.q_offset(p, b, row_start, h);
-  const T* k_head = static_cast<const T*>(p.k) + seq.k_offset(p, b, 0, hk);
-  const T* v_head = static_cast<const T*>(p.v) + seq.v_offset(p, b, 0, hk);
-
-  // Copies of one TMA box per 64-column swizzle block of a tile; tiles hold block c at
-  // c·rows·128 bytes, which is where the map's 128-byte swizzle puts each box.
-  auto tma_tile = [&](uint32_t dst, const CUtensorMap* map, uint32_t barrier, int rows, int row0,
-                      int64_t head) {
-#pragma unroll
-    for (int c = 0; c < Cfg::kHeadDim / kSwizzleCols; ++c)
-      ptx::tma_load_4d(dst + c * rows * kSwizzleBytes, map, barrier, c * kSwizzleCols, row0,
-                       static_cast<int>(head), static_cast<int>(b));
-  };
-  if constexpr (kTma) {
-    if (tma_issuer) {
-      ptx::tma_prefetch_map(&maps.k);
-      ptx::tma_prefetch_map(&maps.v);
-      ptx::mbarrier_init(q_barrier, 1);
-      for (int stage = 0; stage < kStages; ++stage) ptx::mbarrier_init(stage_barrier(stage), 1);
-      ptx::mbarrier_init_fence();
-      ptx::mbarrier_arrive_expect_tx(q_barrier, Cfg::kQBytes);
-      tma_tile(smem_q, &maps.q, q_barrier, kBlockM, seq.q_start + row_start, h);
-    }
-    __syncthreads();  // the barriers are initialised before anyone waits on them
-  } else {
-    load_tile_async<Cfg, kBlockM>(smem_q, q_tile, p.q_row_stride, seq.seqlen_q - row_start);
-    ptx::cp_async_commit();
-  }
-  auto issue_tile = [&](int tile) {
-    if constexpr (kTma) {
-      if (tma_issuer && tile < n_tiles) {
-        const int n0 = (blocks.end - 1 - tile) * kBlockN;
-        const int stage = tile % kStages;
-        const uint32_t k_dst = smem_kv + stage * 2 * Cfg::kTileBytes;
-        ptx::mbarrier_arrive_expect_tx(stage_barrier(stage), 2 * Cfg::kTileBytes);
-        tma_tile(k_dst, &maps.k, stage_barrier(stage), kBlockN, seq.k_start + n0, hk);
-        tma_tile(k_dst + Cfg::kTileBytes, &maps.v, stage_barrier(stage), kBlockN,
-                 seq.k_start + n0, hk);
-      }
-      return;
-    }
-    if (tile < n_tiles) {
-      const int n0 = (blocks.end - 1 - tile) * kBlockN;
-      const uint32_t stage = smem_kv + (tile % kStages) * 2 * Cfg::kTileBytes;
-      const int valid_rows = seq.seqlen_k - n0;
-      load_tile_async<Cfg, kBlockN>(stage, k_head + n0 * p.k_row_stride, p.k_row_stride,
-                                    valid_rows);
-      load_tile_async<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_head + n0 * p.v_row_stride,
-                                    p.v_row_stride, valid_rows);
-    }
-    ptx::cp_async_commit();  // empty groups keep the wait counts uniform
-  };
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue_tile(s);
-
-  // The softmax folds the scale into its exp2, so the max of the raw scores must be the max
-  // of the logits: a negative scale is moved into Q by flipping its sign bits once (exact).
-  // scale_log2 stays above 0 so that a masked score (-inf) still gives 2^-inf = 0.
-  const float scale = fabsf(p.scale);
-  const float scale_log2 = fmaxf(scale * kLog2e, FLT_MIN);
-  if (p.scale < 0.0f) {
-    if constexpr (kTma)
-      ptx::mbarrier_wait(q_barrier, 0);
-    else
-      ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
-    __syncthreads();
-    for (int i = threadIdx.x; i < Cfg::kQBytes / 4; i += Cfg::kThreads)
-      reinterpret_cast<uint32_t*>(smem)[i] ^= 0x80008000u;
-  }
-
-  // This warpgroup's 64 rows of Q.
-  const int wg_row0 = warpgroup * kWarpgroupRows;
-  float o[kORegs];  // O (64, d) accumulator of this warpgroup
-#pragma unroll
-  for (int r = 0; r < kORegs; ++r) o[r] = 0.0f;
+  FragmentCoords frag;
+  int row0;                 // first row of this warpgroup inside the CTA's block
+  float o[Cfg::kORegs];     // O (64, d) accumulator
+  float s[Cfg::kSRegs];     // S (64, kBlockN) accumulator, then P in fp32
   // Rows g and g + 8 of this thread: running max in natural units, and this thread's
   // partial sum l over its columns (the quad's four partials add up to the row's l).
   SoftmaxState<float> state[2];
-  state[0] = state[1] = {kNegInf, 0.0f};
-  float s[kSRegs];  // S (64, kBlockN) accumulator, then P in fp32
+  float scale, scale_log2;
 
-  if constexpr (kTma) ptx::mbarrier_wait(q_barrier, 0);
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    if constexpr (kTma) {
-      ptx::fence_proxy_async_shared();  // a negative scale's flipped Q, before the barrier
-      __syncthreads();                  // every warpgroup is done with the oldest stage
-      issue_tile(tile + kStages - 1);
-      // This tile's K and V have landed: phase tile / kStages of its stage's barrier.
-      ptx::mbarrier_wait(stage_barrier(tile % kStages), (tile / kStages) % 2);
-    } else {
-      ptx::cp_async_wait<kStages - 2>();  // this tile's K and V have landed (this thread's)
-      ptx::fence_proxy_async_shared();    // ... visible to wgmma
-      __syncthreads();                    // ... for every thread; the oldest stage is free
-      issue_tile(tile + kStages - 1);
+  __device__ __forceinline__ ConsumerWarpgroup(int consumer_index, float p_scale)
+      : row0(consumer_index * kWarpgroupRows) {
+#pragma unroll
+    for (int r = 0; r < Cfg::kORegs; ++r) o[r] = 0.0f;
+    state[0] = state[1] = {kNegInf, 0.0f};
+    // The softmax folds the scale into its exp2, so the max of the raw scores must be the
+    // max of the logits: a negative scale is moved into Q by flip_q_sign (exact). scale_log2
+    // stays above 0 so that a masked score (-inf) still gives 2^-inf = 0.
+    scale = fabsf(p_scale);
+    scale_log2 = fmaxf(scale * kLog2e, FLT_MIN);
+  }
+
+  // Flips the sign bits of this warpgroup's rows of Q (every thread of the warpgroup), then
+  // publishes them to wgmma: fence.proxy.async and a barrier over the warpgroup.
+  __device__ __forceinline__ void flip_q_sign(unsigned char* smem_q, int barrier_id) {
+    constexpr int kWordsPerBlock = kWarpgroupRows * kSwizzleBytes / 4;
+#pragma unroll 1
+    for (int c = 0; c < Cfg::kHeadDim / kSwizzleCols; ++c) {
+      auto* words = reinterpret_cast<uint32_t*>(smem_q + c * Cfg::kBlockM * kSwizzleBytes +
+                                                row0 * kSwizzleBytes);
+      for (int i = frag.thread_in_group(); i < kWordsPerBlock; i += kWarpgroupThreads)
+        words[i] ^= 0x80008000u;
     }
+    ptx::fence_proxy_async_shared();
+    ptx::named_barrier_sync(barrier_id, kWarpgroupThreads);
+  }
 
-    const uint32_t k_stage = smem_kv + (tile % kStages) * 2 * Cfg::kTileBytes;
-    const uint32_t v_stage = k_stage + Cfg::kTileBytes;
-    const int n_block = blocks.end - 1 - tile;
+  // One K/V tile (key block n_block, keys from n0), both in shared memory.
+  __device__ __forceinline__ void tile(uint32_t smem_q, uint32_t k_tile, uint32_t v_tile,
+                                       const CtaWork& work, int n_block) {
     const int n0 = n_block * kBlockN;
-
     // S = Q·Kᵀ (64, kBlockN), raw scores.
     ptx::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < Cfg::kQKSteps; ++ks)
-      Mma::ss(s, k_major_descriptor<kBlockM>(smem_q, wg_row0, ks),
-              k_major_descriptor<kBlockN>(k_stage, 0, ks), ks > 0);
+      MmaQK::ss(s, k_major_descriptor<Cfg::kBlockM>(smem_q, row0, ks),
+                k_major_descriptor<kBlockN>(k_tile, 0, ks), ks > 0);
     ptx::wgmma_commit();
     ptx::wgmma_wait<0>();
     fence_registers(s);
 
     // Only the tiles key_blocks() names hold keys some row must not see (the diagonal, the
     // window's edges, the end of K). Register r is row frag.row((r / 2) % 2), key col(r).
-    if (blocks.needs_mask(n_block)) {
+    if (work.blocks.needs_mask(n_block)) {
 #pragma unroll
-      for (int r = 0; r < kSRegs; ++r) {
-        const int row = row_start + wg_row0 + frag.row((r / 2) % 2);
-        if (!mask.visible(row, n0 + frag.col(r))) s[r] = kNegInf;
+      for (int r = 0; r < Cfg::kSRegs; ++r) {
+        const int row = work.row_start + row0 + frag.row((r / 2) % 2);
+        if (!work.mask.visible(row, n0 + frag.col(r))) s[r] = kNegInf;
       }
     }
 
@@ -377,83 +362,263 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Cfg::kPVSteps; ++kk)
-      MmaPV::rs(o, p_frag[kk], mn_major_descriptor<kBlockN>(v_stage, kk), true);
+      MmaPV::rs(o, p_frag[kk], mn_major_descriptor<kBlockN>(v_tile, kk), true);
     ptx::wgmma_commit();
     ptx::wgmma_wait<0>();
     fence_registers(o);
   }
 
-  // Epilogue: O is staged through this warpgroup's rows of the Q tile (no wgmma reads Q
-  // any more once every warpgroup has passed this barrier), then copied out in 16-byte rows.
-  // (TMA: every copy issued was waited for, so none is still writing shared memory.)
-  if constexpr (!kTma) ptx::cp_async_wait<0>();
-  __syncthreads();
-  const float sink = sink_logit<float>(p, h);
+  // Normalises O, writes the LSE, stages O through this warpgroup's rows of the Q tile (its
+  // own wgmma no longer read them) and copies them out in 16-byte rows. barrier_id: a named
+  // barrier over this warpgroup alone.
+  __device__ __forceinline__ void epilogue(const AttentionParams& p, const CtaWork& work,
+                                           unsigned char* smem_q, int barrier_id) {
+    const float sink = sink_logit<float>(p, work.h);
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    SoftmaxState<float> st = state[half];
-    st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
-    st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
-    // add_sink would leave a state without sinks unchanged; the branch spares its exps.
-    const float sink_factor = p.sinks != nullptr ? add_sink(st, sink) : 1.0f;
-    const float out_scale = sink_factor * output_scale(st);  // 0 for a fully masked row
-    const int local_row = wg_row0 + frag.row(half);
+    for (int half = 0; half < 2; ++half) {
+      SoftmaxState<float> st = state[half];
+      st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
+      st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+      // add_sink would leave a state without sinks unchanged; the branch spares its exps.
+      const float sink_factor = p.sinks != nullptr ? add_sink(st, sink) : 1.0f;
+      const float out_scale = sink_factor * output_scale(st);  // 0 for a fully masked row
+      const int local_row = row0 + frag.row(half);
 #pragma unroll
-    for (int c = 0; c < Cfg::kHeadDim / 8; ++c) {
-      // Conflict-free: a quad writes one 16-byte chunk, the 8 rows 8 distinct bank groups.
-      const uint32_t packed = ptx::pack2<T>(o[4 * c + 2 * half] * out_scale,
-                                            o[4 * c + 2 * half + 1] * out_scale);
-      *reinterpret_cast<uint32_t*>(smem + swizzled_offset<kBlockM>(local_row, c) +
-                                   4 * (frag.lane % 4)) = packed;
+      for (int c = 0; c < Cfg::kHeadDim / 8; ++c) {
+        // Conflict-free: a quad writes one 16-byte chunk, the 8 rows 8 distinct bank groups.
+        const uint32_t packed = ptx::pack2<T>(o[4 * c + 2 * half] * out_scale,
+                                              o[4 * c + 2 * half + 1] * out_scale);
+        *reinterpret_cast<uint32_t*>(smem_q + swizzled_offset<Cfg::kBlockM>(local_row, c) +
+                                     4 * (frag.lane % 4)) = packed;
+      }
+      const int row = work.row_start + local_row;
+      if (p.lse != nullptr && frag.lane % 4 == 0 && row < work.seq.seqlen_q)
+        p.lse[work.seq.lse_index(p, work.b, work.h, row)] = log_sum_exp(st);
     }
-    const int row = row_start + local_row;
-    if (p.lse != nullptr && frag.lane % 4 == 0 && row < seq.seqlen_q)
-      p.lse[seq.lse_index(p, b, h, row)] = log_sum_exp(st);
-  }
-  __syncthreads();
+    ptx::named_barrier_sync(barrier_id, kWarpgroupThreads);
 
-  T* o_tile = static_cast<T*>(p.o) + seq.o_offset(p, b, row_start, h);
-  constexpr int kOutChunks = kBlockM * Cfg::kRowChunks;
-  static_assert(kOutChunks % Cfg::kThreads == 0, "the output is a whole number of passes");
+    T* o_rows = static_cast<T*>(p.o) + work.seq.o_offset(p, work.b, work.row_start + row0, work.h);
+    constexpr int kOutChunks = kWarpgroupRows * Cfg::kRowChunks;
+    static_assert(kOutChunks % kWarpgroupThreads == 0, "the output is a whole number of passes");
 #pragma unroll
-  for (int i = 0; i < kOutChunks / Cfg::kThreads; ++i) {
-    const int id = static_cast<int>(threadIdx.x) + i * Cfg::kThreads;
-    const int row = id / Cfg::kRowChunks, chunk = id % Cfg::kRowChunks;
-    if (row_start + row < seq.seqlen_q)
-      *reinterpret_cast<uint4*>(o_tile + row * p.o_row_stride + chunk * 8) =
-          *reinterpret_cast<const uint4*>(smem + swizzled_offset<kBlockM>(row, chunk));
+    for (int i = 0; i < kOutChunks / kWarpgroupThreads; ++i) {
+      const int id = frag.thread_in_group() + i * kWarpgroupThreads;
+      const int row = id / Cfg::kRowChunks, chunk = id % Cfg::kRowChunks;
+      if (work.row_start + row0 + row < work.seq.seqlen_q)
+        *reinterpret_cast<uint4*>(o_rows + row * p.o_row_stride + chunk * 8) =
+            *reinterpret_cast<const uint4*>(smem_q +
+                                            swizzled_offset<Cfg::kBlockM>(row0 + row, chunk));
+    }
   }
-}
+};
 
-// Launches one configuration on `stream`; the grid covers the longest sequence
-// (p.seqlen_q) of every (head, batch entry).
+// Named barrier ids: 0 is __syncthreads; consumer warpgroup c syncs alone on 1 + c.
+__device__ __forceinline__ int consumer_barrier_id(int consumer_index) { return 1 + consumer_index; }
+
+// Steps 4.1 and 4.2: every thread computes; the ring is refilled by cp.async (every thread)
+// or by TMA (one thread), with one __syncthreads per tile. Plain logits (scale·q·k) with
+// any mask, sinks, dense or varlen (cp_async only).
 template <class T, class Cfg, bool kTma>
-void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, cudaStream_t stream) {
-  auto* kernel = &sm90_forward_kernel<T, Cfg, kTma>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  Cfg::kSmemBytes),
-             "cudaFuncSetAttribute(sm90_forward_kernel)");
-  const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
-                  static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
-  check_launch("sm90_forward_kernel");
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    sm90_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps) {
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  const SmemMap<Cfg> smem(smem_raw);
+  const CtaWork work(p, kBlockM, kBlockN);
+  if (work.idle()) return;
+  const int n_tiles = work.n_tiles();
+  const int consumer = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
+  const bool tma_issuer = kTma && threadIdx.x == 0;
+
+  if constexpr (kTma) {
+    if (tma_issuer) {
+      ptx::mbarrier_init(smem.q_barrier(), 1);
+      for (int stage = 0; stage < kStages; ++stage) ptx::mbarrier_init(smem.full_barrier(stage), 1);
+      ptx::mbarrier_init_fence();
+      ptx::mbarrier_arrive_expect_tx(smem.q_barrier(), Cfg::kQBytes);
+      tma_load_tile<Cfg>(smem.q, &maps.q, smem.q_barrier(), kBlockM,
+                         work.seq.q_start + work.row_start, work.h, work.b);
+    }
+    __syncthreads();  // the barriers are initialised before anyone waits on them
+  } else {
+    const T* q_rows = static_cast<const T*>(p.q) + work.seq.q_offset(p, work.b, work.row_start, work.h);
+    load_tile_async<Cfg, kBlockM>(smem.q, q_rows, p.q_row_stride, work.seq.seqlen_q - work.row_start);
+    ptx::cp_async_commit();
+  }
+  const T* k_head = static_cast<const T*>(p.k) + work.seq.k_offset(p, work.b, 0, work.hk);
+  const T* v_head = static_cast<const T*>(p.v) + work.seq.v_offset(p, work.b, 0, work.hk);
+  auto issue_tile = [&](int tile) {
+    const int n0 = work.key_block(tile) * kBlockN;
+    const int stage = tile % kStages;
+    if constexpr (kTma) {
+      if (tma_issuer && tile < n_tiles) {
+        ptx::mbarrier_arrive_expect_tx(smem.full_barrier(stage), 2 * Cfg::kTileBytes);
+        tma_load_tile<Cfg>(smem.k_stage(stage), &maps.k, smem.full_barrier(stage), kBlockN,
+                           work.seq.k_start + n0, work.hk, work.b);
+        tma_load_tile<Cfg>(smem.v_stage(stage), &maps.v, smem.full_barrier(stage), kBlockN,
+                           work.seq.k_start + n0, work.hk, work.b);
+      }
+    } else {
+      if (tile < n_tiles) {
+        const int valid_rows = work.seq.seqlen_k - n0;
+        load_tile_async<Cfg, kBlockN>(smem.k_stage(stage), k_head + n0 * p.k_row_stride,
+                                      p.k_row_stride, valid_rows);
+        load_tile_async<Cfg, kBlockN>(smem.v_stage(stage), v_head + n0 * p.v_row_stride,
+                                      p.v_row_stride, valid_rows);
+      }
+      ptx::cp_async_commit();  // empty groups keep the wait counts uniform
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue_tile(s);
+
+  ConsumerWarpgroup<T, Cfg> wg(consumer, p.scale);
+  if constexpr (kTma)
+    ptx::mbarrier_wait(smem.q_barrier(), 0);
+  else
+    ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
+  if (p.scale < 0.0f) {
+    __syncthreads();  // every thread's part of Q has landed
+    wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
+  }
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if constexpr (kTma) {
+      __syncthreads();  // every warpgroup is done with the oldest stage
+      issue_tile(tile + kStages - 1);
+      // This tile's K and V have landed: phase tile / kStages of its stage's barrier.
+      ptx::mbarrier_wait(smem.full_barrier(tile % kStages), (tile / kStages) % 2);
+    } else {
+      ptx::cp_async_wait<kStages - 2>();  // this tile's K and V have landed (this thread's)
+      ptx::fence_proxy_async_shared();    // ... visible to wgmma
+      __syncthreads();                    // ... for every thread; the oldest stage is free
+      issue_tile(tile + kStages - 1);
+    }
+    wg.tile(smem.q, smem.k_stage(tile % kStages), smem.v_stage(tile % kStages), work,
+            work.key_block(tile));
+  }
+  // Every copy issued was waited for, but for the cp.async path's empty groups.
+  if constexpr (!kTma) ptx::cp_async_wait<0>();
+  wg.epilogue(p, work, smem.base, consumer_barrier_id(consumer));
 }
 
-// TMA where the maps can be encoded (dense calls), else the cp.async path. kLoads forces
-// one path (the tests and the journey's measurements compare both).
-enum class Loads { automatic, tma, cp_async };
+// Step 4.3: warp specialisation (dense calls, TMA). Warpgroup 0 is the producer, warpgroups
+// 1..kWarpgroups the consumers; they meet only on the full / empty mbarriers of the ring.
+inline constexpr int kProducerRegisters = 24;   // one thread issues copies; the rest idle
+inline constexpr int kConsumerRegisters = 240;  // 128·24 + 256·240 <= 64K registers per SM
+
+template <class Cfg>
+inline constexpr int kWsThreads = Cfg::kThreads + kWarpgroupThreads;
 
 template <class T, class Cfg>
+__global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
+    sm90_ws_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps) {
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  static_assert(kWarpgroupThreads * kProducerRegisters +
+                        Cfg::kWarpgroups * kWarpgroupThreads * kConsumerRegisters <= 65536,
+                "the register split fits the multiprocessor's 64K registers");
+  extern __shared__ unsigned char smem_raw[];
+  const SmemMap<Cfg> smem(smem_raw);
+  const CtaWork work(p, kBlockM, kBlockN);
+  if (work.idle()) return;
+  const int n_tiles = work.n_tiles();
+  const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
+  // Each consumer warp arrives on a stage's "empty" barrier once its wgmma are done with it.
+  constexpr int kConsumerWarps = Cfg::kWarpgroups * 4;
+
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(smem.q_barrier(), 1);
+    for (int stage = 0; stage < kStages; ++stage) {
+      ptx::mbarrier_init(smem.full_barrier(stage), 1);
+      ptx::mbarrier_init(smem.empty_barrier(stage), kConsumerWarps);
+    }
+    ptx::mbarrier_init_fence();
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+
+  if (warpgroup == 0) {  // producer
+    ptx::setmaxnreg_dec<kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      ptx::mbarrier_arrive_expect_tx(smem.q_barrier(), Cfg::kQBytes);
+      tma_load_tile<Cfg>(smem.q, &maps.q, smem.q_barrier(), kBlockM,
+                         work.seq.q_start + work.row_start, work.h, work.b);
+      for (int tile = 0; tile < n_tiles; ++tile) {
+        const int stage = tile % kStages;
+        // The stage's previous tile (tile - kStages) is released: its phase tile/kStages - 1.
+        if (tile >= kStages) ptx::mbarrier_wait(smem.empty_barrier(stage), (tile / kStages + 1) % 2);
+        const int n0 = work.key_block(tile) * kBlockN;
+        ptx::mbarrier_arrive_expect_tx(smem.full_barrier(stage), 2 * Cfg::kTileBytes);
+        tma_load_tile<Cfg>(smem.k_stage(stage), &maps.k, smem.full_barrier(stage), kBlockN,
+                           work.seq.k_start + n0, work.hk, work.b);
+        tma_load_tile<Cfg>(smem.v_stage(stage), &maps.v, smem.full_barrier(stage), kBlockN,
+                           work.seq.k_start + n0, work.hk, work.b);
+      }
+    }
+    return;
+  }
+
+  ptx::setmaxnreg_inc<kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  ConsumerWarpgroup<T, Cfg> wg(consumer, p.scale);
+  ptx::mbarrier_wait(smem.q_barrier(), 0);
+  if (p.scale < 0.0f) wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int stage = tile % kStages;
+    ptx::mbarrier_wait(smem.full_barrier(stage), (tile / kStages) % 2);
+    wg.tile(smem.q, smem.k_stage(stage), smem.v_stage(stage), work, work.key_block(tile));
+    if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.empty_barrier(stage));
+  }
+  wg.epilogue(p, work, smem.base, consumer_barrier_id(consumer));
+}
+
+template <class Kernel>
+void set_smem_limit(Kernel* kernel, int bytes) {
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             "cudaFuncSetAttribute(cuda_sm90 kernel)");
+}
+
+// Launches one pipeline on `stream`; the grid covers the longest sequence (p.seqlen_q) of
+// every (head, batch entry).
+template <class T, class Cfg>
+void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline pipeline,
+                        cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
+                  static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+  switch (pipeline) {
+    case Pipeline::cp_async: {
+      auto* kernel = &sm90_forward_kernel<T, Cfg, false>;
+      set_smem_limit(kernel, Cfg::kSmemBytes);
+      kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
+      break;
+    }
+    case Pipeline::tma: {
+      auto* kernel = &sm90_forward_kernel<T, Cfg, true>;
+      set_smem_limit(kernel, Cfg::kSmemBytes);
+      kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
+      break;
+    }
+    case Pipeline::tma_warp_specialized: {
+      auto* kernel = &sm90_ws_forward_kernel<T, Cfg>;
+      set_smem_limit(kernel, Cfg::kSmemBytes);
+      kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps);
+      break;
+    }
+  }
+  check_launch("cuda_sm90 forward kernel");
+}
+
+// The newest pipeline that serves p (TMA needs encodable maps: dense calls), unless
+// `pinned` names one (the journey's measurements and the tests of each step).
+template <class T, class Cfg>
 void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
-                         Loads loads = Loads::automatic) {
+                         std::optional<Pipeline> pinned = std::nullopt) {
   TmaMaps maps{};
-  const bool tma = loads != Loads::cp_async && encode_dense_maps(p, Cfg::kBlockM, Cfg::kBlockN, maps);
-  if (loads == Loads::tma && !tma)
+  const bool tma = pinned != Pipeline::cp_async &&
+                   encode_dense_maps(p, Cfg::kBlockM, Cfg::kBlockN, maps);
+  if (pinned && *pinned != Pipeline::cp_async && !tma)
     throw Error(ErrorKind::unsupported, "cuda_sm90: the TMA maps of this call cannot be encoded");
-  if (tma)
-    launch_sm90_kernel<T, Cfg, true>(p, maps, stream);
-  else
-    launch_sm90_kernel<T, Cfg, false>(p, maps, stream);
+  const Pipeline pipeline = pinned ? *pinned : tma ? Pipeline::tma_warp_specialized : Pipeline::cp_async;
+  launch_sm90_kernel<T, Cfg>(p, maps, pipeline, stream);
 }
 
 }  // namespace flashtile::detail::sm90

@@ -20,14 +20,16 @@ template <>
 struct Sm90Traits<128> : Sm90Config<128, 128, 2, 2, 1> {};
 
 template <class T, int kHeadDim>
-void run_sm90_forward(const AttentionParams& p, cudaStream_t stream, Loads loads) {
-  launch_sm90_forward<T, Sm90Traits<kHeadDim>>(p, stream, loads);
+void run_sm90_forward(const AttentionParams& p, cudaStream_t stream, std::optional<Pipeline> pinned) {
+  launch_sm90_forward<T, Sm90Traits<kHeadDim>>(p, stream, pinned);
 }
 
 // Instantiated in hdim<D>.cu and nowhere else: the dispatcher only sees these declarations.
 #define FLASHTILE_SM90_INSTANTIATIONS(prefix, D)                                            \
-  prefix template void run_sm90_forward<__half, D>(const AttentionParams&, cudaStream_t, Loads); \
-  prefix template void run_sm90_forward<__nv_bfloat16, D>(const AttentionParams&, cudaStream_t, Loads);
+  prefix template void run_sm90_forward<__half, D>(const AttentionParams&, cudaStream_t, \
+                                                std::optional<Pipeline>); \
+  prefix template void run_sm90_forward<__nv_bfloat16, D>(const AttentionParams&, cudaStream_t, \
+                                                std::optional<Pipeline>);
 FLASHTILE_SM90_INSTANTIATIONS(extern, 64)
 FLASHTILE_SM90_INSTANTIATIONS(extern, 128)
 

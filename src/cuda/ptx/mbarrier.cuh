@@ -26,6 +26,11 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t
                : "memory");
 }
 
+// One plain arrival (a consumer releasing a stage).
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Blocks until the phase of parity `parity` has completed.
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
@@ -37,6 +42,12 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
       "}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
+}
+
+// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads, a multiple of 32:
+// one warpgroup synchronises without the rest of the CTA.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace flashtile::detail::ptx

@@ -68,6 +68,20 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// setmaxnreg (sm_90a): the executing warpgroup gives registers back to the multiprocessor
+// (dec) or takes them (inc) up to kRegs per thread; kernels need a register cap at entry
+// (__launch_bounds__(threads, 1)) and one branch per warpgroup role.
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
 // D (64 x N fp32) = A·B (+ D when accumulate). T: __nv_bfloat16 or __half.
 //  ss: A (64 x 16) and B (16 x N) both from shared memory, both K-major (B stored N x 16,
 //      k contiguous: the layout of K for S = Q·Kᵀ).
