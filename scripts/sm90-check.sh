@@ -39,18 +39,22 @@ if [ -z "$bin" ] || ! "$bin/flashtile_cuda_sm90_tests" --gtest_list_tests >/dev/
 fi
 TAIL=8 step pieces 30 "$bin/flashtile_cuda_sm90_tests" --gtest_filter='Sm90Pieces.*'
 TAIL=12 step tests ${TEST_LIMIT:-90} "$bin/flashtile_cuda_sm90_tests" --gtest_filter='-Sm90Pieces.*'
-# Step 4.3 (warp-specialised TMA, the default for dense calls) beside cuda_mma, then steps
-# 4.2 and 4.1 pinned through FLASHTILE_SM90_PIPELINE.
-bench=("$bin/flashtile" bench --sweep --sweep-seqlens 4096,16384 --sweep-head-dims 64,128
-       --sweep-causal 0,1 --backends cuda_sm90,cuda_mma --dtype bf16)
-TAIL=20 step bench ${BENCH_LIMIT:-40} "${bench[@]}" --output "$logs/sm90_bench_tma_ws.csv"
-for pipeline in tma cp_async; do
-  FLASHTILE_SM90_PIPELINE=$pipeline TAIL=20 step bench_$pipeline ${BENCH_LIMIT:-40} "${bench[@]}" \
-    --output "$logs/sm90_bench_$pipeline.csv"
-done
-subset='Sm90Pieces.*:Dtypes/CudaSm90Grid.MatchesOracle/bfloat16:CudaSm90.ScaleOfAnySign:CudaSm90.Refuses*'
+# The default pipeline (dense calls) beside cuda_mma; the sanitizers; then every older
+# pipeline pinned through FLASHTILE_SM90_PIPELINE (cuda_sm90 alone); last, fp16 and the
+# shorter sequences on the default pipeline beside cuda_mma, for the selector.
+sweep=(--sweep --sweep-seqlens 4096,16384 --sweep-head-dims 64,128 --sweep-causal 0,1 --dtype bf16)
+TAIL=20 step bench ${BENCH_LIMIT:-40} "$bin/flashtile" bench "${sweep[@]}" \
+  --backends cuda_sm90,cuda_mma --output "$logs/sm90_bench_default.csv"
+subset='Sm90Pieces.*:Dtypes/CudaSm90Grid.EveryPipelineMatchesOracle/bfloat16:CudaSm90.ScaleOfAnySign:CudaSm90.Refuses*'
 FLASHTILE_SMALL_GRID=1 step memcheck ${SAN_LIMIT:-40} compute-sanitizer --tool memcheck \
   --error-exitcode 1 "$bin/flashtile_cuda_sm90_tests" --gtest_filter="$subset"
 FLASHTILE_SMALL_GRID=1 step racecheck ${SAN_LIMIT:-40} compute-sanitizer --tool racecheck \
   --error-exitcode 1 "$bin/flashtile_cuda_sm90_tests" \
-  --gtest_filter='Sm90Pieces.*:CudaSm90.ScaleOfAnySign:Dtypes/CudaSm90Grid.MatchesOracle/bfloat16'
+  --gtest_filter='Sm90Pieces.*:CudaSm90.ScaleOfAnySign:Dtypes/CudaSm90Grid.EveryPipelineMatchesOracle/bfloat16'
+for pipeline in ${PIPELINES:-tma_ws_overlap tma_ws tma cp_async}; do
+  FLASHTILE_SM90_PIPELINE=$pipeline TAIL=10 step bench_$pipeline ${BENCH_LIMIT:-40} \
+    "$bin/flashtile" bench "${sweep[@]}" --backends cuda_sm90 --output "$logs/sm90_bench_$pipeline.csv"
+done
+TAIL=30 step bench_grid_f16 ${BENCH_LIMIT:-40} "$bin/flashtile" bench --sweep \
+  --sweep-seqlens 512,1024,2048 --sweep-head-dims 64,128 --sweep-causal 0,1 \
+  --backends cuda_sm90,cuda_mma --dtype f16 --output "$logs/sm90_bench_grid_f16.csv"

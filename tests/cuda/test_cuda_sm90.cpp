@@ -123,8 +123,9 @@ TEST(Sm90Pieces, PVProductMatchesHost) {
 // ---- attention against the oracle --------------------------------------------------------
 
 // Pins the kernel's pipeline for one scope (FLASHTILE_SM90_PIPELINE, read at each call):
-// "tma_ws" (step 4.3, what dense calls take), "tma" (4.2) or "cp_async" (4.1, what varlen
-// calls take). A TMA pipeline fails a call whose maps cannot be encoded, so a passing test
+// "tma_ping_pong" (step 4.5), "tma_ws_overlap" (4.4), "tma_ws" (4.3), "tma" (4.2) or
+// "cp_async" (4.1, what varlen calls take); unpinned, dense calls take the default
+// (launch_sm90_forward in kernel.cuh). A TMA pipeline fails a call whose maps cannot be encoded, so a passing test
 // ran on the pipeline it names.
 class ScopedPipeline {
  public:
@@ -133,32 +134,28 @@ class ScopedPipeline {
   ScopedPipeline(const ScopedPipeline&) = delete;
   ScopedPipeline& operator=(const ScopedPipeline&) = delete;
 };
-constexpr const char* kPipelines[] = {"tma_ws", "tma", "cp_async"};
+constexpr const char* kPipelines[] = {"tma_ping_pong", "tma_ws_overlap", "tma_ws", "tma",
+                                      "cp_async"};
 
 class CudaSm90Grid : public ::testing::TestWithParam<DType> {};
 
 // Seqlens 1, 17, 113, 127, 128, 129, 1023, 1025 with seqlen_q != seqlen_k both ways, causal
-// or not, MHA/GQA/MQA, strided views, at both head dims: on the warp-specialised TMA
-// pipeline (step 4.3, what dense calls take), then on steps 4.2 and 4.1.
+// or not, MHA/GQA/MQA, strided views, at both head dims: on the pipeline dense calls take,
+// then on each pipeline pinned.
 TEST_P(CudaSm90Grid, MatchesOracle) {
   SKIP_WITHOUT_SM90_DEVICE();
-  const ScopedPipeline pinned("tma_ws");
   for (const Shape& s : testing::backend_grid({64, 128}, GetParam(), !small_grid()))
     expect_matches_oracle(s);
 }
 
-TEST_P(CudaSm90Grid, TmaWithoutWarpSpecialisationMatchesOracle) {
+TEST_P(CudaSm90Grid, EveryPipelineMatchesOracle) {
   SKIP_WITHOUT_SM90_DEVICE();
-  const ScopedPipeline pinned("tma");
-  for (const Shape& s : testing::backend_grid({64, 128}, GetParam(), !small_grid()))
-    expect_matches_oracle(s);
-}
-
-TEST_P(CudaSm90Grid, CpAsyncLoadsMatchOracle) {
-  SKIP_WITHOUT_SM90_DEVICE();
-  const ScopedPipeline pinned("cp_async");
-  for (const Shape& s : testing::backend_grid({64, 128}, GetParam(), !small_grid()))
-    expect_matches_oracle(s);
+  for (const char* pipeline : kPipelines) {
+    SCOPED_TRACE(pipeline);
+    const ScopedPipeline pinned(pipeline);
+    for (const Shape& s : testing::backend_grid({64, 128}, GetParam(), !small_grid()))
+      expect_matches_oracle(s);
+  }
 }
 
 // The masks and sinks this step serves, over lengths that put window edges, the diagonal
@@ -235,6 +232,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaSm90Grid, ::testing::Values(DType::bf16, DT
 TEST(CudaSm90, ScaleOfAnySign) {
   SKIP_WITHOUT_SM90_DEVICE();
   for (const char* pipeline : kPipelines) {
+    SCOPED_TRACE(pipeline);
     const ScopedPipeline pinned(pipeline);
     for (float scale : {-0.37f, 0.0f, 1.5f})
       for (bool causal : {false, true}) {
@@ -250,6 +248,7 @@ TEST(CudaSm90, ScaleOfAnySign) {
 TEST(CudaSm90, LongerSequences) {
   SKIP_WITHOUT_SM90_DEVICE();
   for (const char* pipeline : kPipelines) {
+    SCOPED_TRACE(pipeline);
     const ScopedPipeline pinned(pipeline);
     for (int64_t d : {64, 128})
       for (int mask = 0; mask < 3; ++mask) {
@@ -265,6 +264,7 @@ TEST(CudaSm90, LongerSequences) {
 TEST(CudaSm90, DeterministicOver100Runs) {
   SKIP_WITHOUT_SM90_DEVICE();
   for (const char* pipeline : kPipelines) {
+    SCOPED_TRACE(pipeline);
     const ScopedPipeline pinned(pipeline);
     Shape s = shape_of(DType::bf16, 2, 257, 300, 4, 2, 128);
     s.window = {100, 20};

@@ -26,7 +26,8 @@ void run_for_dtype(const AttentionParams& p, cudaStream_t stream, std::optional<
     run_sm90_forward<__half, kHeadDim>(p, stream, pinned);
 }
 
-// FLASHTILE_SM90_PIPELINE=cp_async|tma|tma_ws pins the pipeline (step 4.1, 4.2 or 4.3) for
+// FLASHTILE_SM90_PIPELINE=cp_async|tma|tma_ws|tma_ws_overlap|tma_ping_pong pins the
+// pipeline (step 4.1 .. 4.5) for
 // the journey's side-by-side measurements and the tests of each step; unset, the newest
 // one that serves the call runs.
 std::optional<Pipeline> pipeline_from_environment() {
@@ -36,8 +37,11 @@ std::optional<Pipeline> pipeline_from_environment() {
   if (name == "cp_async") return Pipeline::cp_async;
   if (name == "tma") return Pipeline::tma;
   if (name == "tma_ws") return Pipeline::tma_warp_specialized;
+  if (name == "tma_ws_overlap") return Pipeline::tma_warp_specialized_overlap;
+  if (name == "tma_ping_pong") return Pipeline::tma_ping_pong;
   throw Error(ErrorKind::invalid_argument,
-              "FLASHTILE_SM90_PIPELINE must be cp_async, tma or tma_ws; got '" + name + "'");
+              "FLASHTILE_SM90_PIPELINE must be cp_async, tma, tma_ws, tma_ws_overlap or tma_ping_pong; "
+              "got '" + name + "'");
 }
 }  // namespace
 

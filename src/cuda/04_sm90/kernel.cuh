@@ -190,7 +190,13 @@ __device__ __forceinline__ void fence_registers(float (&r)[kRegs]) {
 
 // Which load/sync scheme a dense call runs (the journey's steps, kept side by side so each
 // can be measured and tested; varlen calls always take cp_async).
-enum class Pipeline { cp_async, tma, tma_warp_specialized };
+enum class Pipeline {
+  cp_async,                      // 4.1
+  tma,                           // 4.2
+  tma_warp_specialized,          // 4.3
+  tma_warp_specialized_overlap,  // 4.4
+  tma_ping_pong,                 // 4.5
+};
 
 // Shared-memory map of one CTA: [ Q (kBlockM, d) | stage s: K (kBlockN, d), V (kBlockN, d)
 // ... | barriers: Q, full[kStages], empty[kStages] ], every tile swizzled.
@@ -299,20 +305,22 @@ struct ConsumerWarpgroup {
     ptx::named_barrier_sync(barrier_id, kWarpgroupThreads);
   }
 
-  // One K/V tile (key block n_block, keys from n0), both in shared memory.
-  __device__ __forceinline__ void tile(uint32_t smem_q, uint32_t k_tile, uint32_t v_tile,
-                                       const CtaWork& work, int n_block) {
-    const int n0 = n_block * kBlockN;
-    // S = Q·Kᵀ (64, kBlockN), raw scores.
+  // The per-tile pieces. S = Q·Kᵀ (64, kBlockN) of the K tile at k_tile, raw scores: issued
+  // and committed as one wgmma group, not waited for.
+  __device__ __forceinline__ void issue_scores(uint32_t smem_q, uint32_t k_tile) {
     ptx::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < Cfg::kQKSteps; ++ks)
       MmaQK::ss(s, k_major_descriptor<Cfg::kBlockM>(smem_q, row0, ks),
                 k_major_descriptor<kBlockN>(k_tile, 0, ks), ks > 0);
     ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
-    fence_registers(s);
+  }
 
+  // Once S has landed: the mask, then the online softmax; P (fp32) overwrites S, l and m
+  // move on, and the factors by which O must be rescaled (rows g, g + 8) are returned in
+  // alpha, for rescale_o (which may wait for a P·V still in flight).
+  __device__ __forceinline__ void softmax(const CtaWork& work, int n_block, float (&alpha)[2]) {
+    const int n0 = n_block * kBlockN;
     // Only the tiles key_blocks() names hold keys some row must not see (the diagonal, the
     // window's edges, the end of K). Register r is row frag.row((r / 2) % 2), key col(r).
     if (work.blocks.needs_mask(n_block)) {
@@ -322,8 +330,6 @@ struct ConsumerWarpgroup {
         if (!work.mask.visible(row, n0 + frag.col(r))) s[r] = kNegInf;
       }
     }
-
-    // Online softmax, one row half at a time; P overwrites S.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float row_max = kNegInf;
@@ -335,12 +341,7 @@ struct ConsumerWarpgroup {
       row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
       const float block_max = row_max == kNegInf ? kNegInf : row_max * scale;  // natural units
       SoftmaxState<float>& st = state[half];
-      const float alpha = online_softmax_rescale(st, block_max);
-#pragma unroll
-      for (int c = 0; c < Cfg::kHeadDim / 8; ++c) {
-        o[4 * c + 2 * half] *= alpha;
-        o[4 * c + 2 * half + 1] *= alpha;
-      }
+      alpha[half] = online_softmax_rescale(st, block_max);
       // P = exp(scale·s - m) = 2^(s·scale·log2e - m·log2e): one FFMA + one MUFU.EX2.
       const float shift = safe_shift(st.m) * kLog2e;
       float row_sum = 0.0f;
@@ -354,16 +355,48 @@ struct ConsumerWarpgroup {
         }
       st.l += row_sum;
     }
+  }
 
-    // O += P·V: P (64, kBlockN) from registers, V (kBlockN, d) MN-major from shared memory.
-    uint32_t p_frag[Cfg::kPVSteps][4];
+  __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int c = 0; c < Cfg::kHeadDim / 8; ++c) {
+        o[4 * c + 2 * half] *= alpha[half];
+        o[4 * c + 2 * half + 1] *= alpha[half];
+      }
+  }
+
+  // P (64, kBlockN) in 16-bit A fragments, one per k-step of P·V.
+  __device__ __forceinline__ void pack_p(uint32_t (&p_frag)[Cfg::kPVSteps][4]) const {
 #pragma unroll
     for (int kk = 0; kk < Cfg::kPVSteps; ++kk) pack_a_operand<T>(p_frag[kk], s, kk);
+  }
+
+  // O += P·V: P from registers, V (kBlockN, d) MN-major from shared memory; one committed
+  // wgmma group, not waited for.
+  __device__ __forceinline__ void issue_pv(const uint32_t (&p_frag)[Cfg::kPVSteps][4],
+                                           uint32_t v_tile) {
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Cfg::kPVSteps; ++kk)
       MmaPV::rs(o, p_frag[kk], mn_major_descriptor<kBlockN>(v_tile, kk), true);
     ptx::wgmma_commit();
+  }
+
+  // One K/V tile (key block n_block), both in shared memory, every wgmma waited for at
+  // once: what steps 4.1-4.3 run.
+  __device__ __forceinline__ void tile(uint32_t smem_q, uint32_t k_tile, uint32_t v_tile,
+                                       const CtaWork& work, int n_block) {
+    issue_scores(smem_q, k_tile);
+    ptx::wgmma_wait<0>();
+    fence_registers(s);
+    float alpha[2];
+    softmax(work, n_block, alpha);
+    rescale_o(alpha);
+    uint32_t p_frag[Cfg::kPVSteps][4];
+    pack_p(p_frag);
+    issue_pv(p_frag, v_tile);
     ptx::wgmma_wait<0>();
     fence_registers(o);
   }
@@ -412,8 +445,10 @@ struct ConsumerWarpgroup {
   }
 };
 
-// Named barrier ids: 0 is __syncthreads; consumer warpgroup c syncs alone on 1 + c.
+// Named barrier ids: 0 is __syncthreads; consumer warpgroup c syncs alone on 1 + c, and
+// waits for its turn on the tensor cores (ping-pong) on 3 + c.
 __device__ __forceinline__ int consumer_barrier_id(int consumer_index) { return 1 + consumer_index; }
+__device__ __forceinline__ int turn_barrier_id(int consumer_index) { return 3 + consumer_index; }
 
 // Steps 4.1 and 4.2: every thread computes; the ring is refilled by cp.async (every thread)
 // or by TMA (one thread), with one __syncthreads per tile. Plain logits (scale·q·k) with
@@ -510,7 +545,13 @@ inline constexpr int kConsumerRegisters = 240;  // 128·24 + 256·240 <= 64K reg
 template <class Cfg>
 inline constexpr int kWsThreads = Cfg::kThreads + kWarpgroupThreads;
 
-template <class T, class Cfg>
+// kOverlap (step 4.4): the softmax of tile j runs while the tensor cores compute P·V of
+// tile j-1: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued back to back, the warpgroup
+// waits for S_j alone, runs the softmax, and only then waits for O, rescales it and packs
+// P_j.
+// kPingPong (step 4.5, with kOverlap): the two consumer warpgroups take turns to issue
+// their GEMMs (named barriers, 3 + c), so one's softmax runs under the other's GEMMs.
+template <class T, class Cfg, bool kOverlap, bool kPingPong>
 __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     sm90_ws_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
@@ -562,11 +603,69 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
   ConsumerWarpgroup<T, Cfg> wg(consumer, p.scale);
   ptx::mbarrier_wait(smem.q_barrier(), 0);
   if (p.scale < 0.0f) wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    const int stage = tile % kStages;
-    ptx::mbarrier_wait(smem.full_barrier(stage), (tile / kStages) % 2);
-    wg.tile(smem.q, smem.k_stage(stage), smem.v_stage(stage), work, work.key_block(tile));
-    if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.empty_barrier(stage));
+  auto wait_full = [&](int tile) {
+    ptx::mbarrier_wait(smem.full_barrier(tile % kStages), (tile / kStages) % 2);
+  };
+  auto release = [&](int tile) {
+    if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.empty_barrier(tile % kStages));
+  };
+  if constexpr (!kOverlap) {
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      wait_full(tile);
+      wg.tile(smem.q, smem.k_stage(tile % kStages), smem.v_stage(tile % kStages), work,
+              work.key_block(tile));
+      release(tile);
+    }
+  } else if (n_tiles > 0) {
+    static_assert(!kPingPong || Cfg::kWarpgroups == 2, "ping-pong alternates two consumers");
+    // GEMM phases: S_0; then S_j with P_{j-1}·V_{j-1}; then P_{n-1}·V_{n-1}. Under
+    // ping-pong consumer c waits for its turn before each phase and hands the turn over
+    // once the phase is issued; consumer 1 lets consumer 0 go first and skips its last
+    // hand-over, so every arrival is matched by a wait.
+    constexpr int kBothConsumers = 2 * kWarpgroupThreads;
+    auto take_turn = [&] {
+      if constexpr (kPingPong) ptx::named_barrier_sync(turn_barrier_id(consumer), kBothConsumers);
+    };
+    auto hand_over = [&](bool last_phase) {
+      if constexpr (kPingPong)
+        if (!(last_phase && consumer == 1))
+          ptx::named_barrier_arrive(turn_barrier_id(1 - consumer), kBothConsumers);
+    };
+    if constexpr (kPingPong)
+      if (consumer == 1) ptx::named_barrier_arrive(turn_barrier_id(0), kBothConsumers);
+    uint32_t p_frag[Cfg::kPVSteps][4];  // P of the previous tile, the A operand of its P·V
+    float alpha[2];
+    wait_full(0);
+    take_turn();
+    wg.issue_scores(smem.q, smem.k_stage(0));
+    hand_over(false);
+    ptx::wgmma_wait<0>();
+    fence_registers(wg.s);
+    wg.softmax(work, work.key_block(0), alpha);  // O is still 0: no rescale
+    wg.pack_p(p_frag);
+    for (int tile = 1; tile < n_tiles; ++tile) {
+      wait_full(tile);
+      take_turn();
+      wg.issue_scores(smem.q, smem.k_stage(tile % kStages));
+      wg.issue_pv(p_frag, smem.v_stage((tile - 1) % kStages));
+      hand_over(false);
+      ptx::wgmma_wait<1>();  // S of this tile (the older group) has landed
+      fence_registers(wg.s);
+      // The PTX has every exp2 of this softmax before the wait below; ptxas 13.0 schedules
+      // half of them after it (cuobjdump), so only half the softmax overlaps the P·V.
+      wg.softmax(work, work.key_block(tile), alpha);
+      ptx::wgmma_wait<0>();  // ... and O += P·V of the previous tile
+      fence_registers(wg.o);
+      release(tile - 1);
+      wg.rescale_o(alpha);
+      wg.pack_p(p_frag);
+    }
+    take_turn();
+    wg.issue_pv(p_frag, smem.v_stage((n_tiles - 1) % kStages));
+    hand_over(true);
+    ptx::wgmma_wait<0>();
+    fence_registers(wg.o);
+    release(n_tiles - 1);
   }
   wg.epilogue(p, work, smem.base, consumer_barrier_id(consumer));
 }
@@ -598,7 +697,19 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
       break;
     }
     case Pipeline::tma_warp_specialized: {
-      auto* kernel = &sm90_ws_forward_kernel<T, Cfg>;
+      auto* kernel = &sm90_ws_forward_kernel<T, Cfg, false, false>;
+      set_smem_limit(kernel, Cfg::kSmemBytes);
+      kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps);
+      break;
+    }
+    case Pipeline::tma_warp_specialized_overlap: {
+      auto* kernel = &sm90_ws_forward_kernel<T, Cfg, true, false>;
+      set_smem_limit(kernel, Cfg::kSmemBytes);
+      kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps);
+      break;
+    }
+    case Pipeline::tma_ping_pong: {
+      auto* kernel = &sm90_ws_forward_kernel<T, Cfg, true, true>;
       set_smem_limit(kernel, Cfg::kSmemBytes);
       kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps);
       break;
@@ -617,7 +728,7 @@ void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
                    encode_dense_maps(p, Cfg::kBlockM, Cfg::kBlockN, maps);
   if (pinned && *pinned != Pipeline::cp_async && !tma)
     throw Error(ErrorKind::unsupported, "cuda_sm90: the TMA maps of this call cannot be encoded");
-  const Pipeline pipeline = pinned ? *pinned : tma ? Pipeline::tma_warp_specialized : Pipeline::cp_async;
+  const Pipeline pipeline = pinned ? *pinned : tma ? Pipeline::tma_ping_pong : Pipeline::cp_async;
   launch_sm90_kernel<T, Cfg>(p, maps, pipeline, stream);
 }
 
