@@ -38,6 +38,13 @@ if [ -z "$bin" ] || ! "$bin/flashtile_cuda_sm90_tests" --gtest_list_tests >/dev/
   bin=$build/bin
 fi
 TAIL=8 step pieces 30 "$bin/flashtile_cuda_sm90_tests" --gtest_filter='Sm90Pieces.*'
+# A smoke run of the default pipeline first: if it fails or hangs, the rest of the call runs
+# on the previous step (and the tests get less time), so the call still returns numbers.
+if ! FLASHTILE_SMALL_GRID=1 step smoke 20 "$bin/flashtile_cuda_sm90_tests" \
+     --gtest_filter='Dtypes/CudaSm90Grid.MatchesOracle/bfloat16'; then
+  echo "!!! the default pipeline failed its smoke run: pinning ${FALLBACK:=tma_ws_overlap}"
+  export FLASHTILE_SM90_PIPELINE=$FALLBACK TEST_LIMIT=30
+fi
 TAIL=12 step tests ${TEST_LIMIT:-90} "$bin/flashtile_cuda_sm90_tests" --gtest_filter='-Sm90Pieces.*'
 # The default pipeline (dense calls) beside cuda_mma; the sanitizers; then every older
 # pipeline pinned through FLASHTILE_SM90_PIPELINE (cuda_sm90 alone); last, fp16 and the
