@@ -123,9 +123,9 @@ TEST(Sm90Pieces, PVProductMatchesHost) {
 // ---- attention against the oracle --------------------------------------------------------
 
 // Pins the kernel's pipeline for one scope (FLASHTILE_SM90_PIPELINE, read at each call):
-// "tma_ping_pong" (step 4.5), "tma_ws_overlap" (4.4), "tma_ws" (4.3), "tma" (4.2) or
-// "cp_async" (4.1, what varlen calls take); unpinned, dense calls take the default
-// (launch_sm90_forward in kernel.cuh). A TMA pipeline fails a call whose maps cannot be encoded, so a passing test
+// "tma_ping_pong" (step 4.5), "tma_ws_overlap" (4.4), "tma_ws" (4.3, what dense calls
+// take unpinned: launch_sm90_forward in kernel.cuh), "tma" (4.2) or "cp_async" (4.1,
+// what varlen calls take). A TMA pipeline fails a call whose maps cannot be encoded, so a passing test
 // ran on the pipeline it names.
 class ScopedPipeline {
  public:

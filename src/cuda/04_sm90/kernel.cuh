@@ -26,8 +26,9 @@
 //    SeqlenInfo::lse_index. Softcap and ALiBi are not in this step (refused on the host).
 // Measured: docs/JOURNEY.md "Step 4 — cuda_sm90".
 //
-// Next steps (issue 9): ping-pong between the two consumer warpgroups, softmax/GEMM
-// overlap inside one, a persistent scheduler, a TMA-store epilogue.
+// Step 4.4 (kOverlap) and 4.5 (kPingPong) are below; both measured slower than 4.3, which
+// dense calls take (docs/JOURNEY.md). Next (issue 9): find why (ncu), a persistent
+// scheduler, a TMA-store epilogue, d=256, softcap and ALiBi.
 //
 // Shared-memory tiles (Q, K, V, and O in the epilogue) all use wgmma's K-major 128-byte-
 // swizzle canonical layout: the 16-bit columns are cut into blocks of 64 (128 bytes); block
@@ -718,8 +719,8 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
   check_launch("cuda_sm90 forward kernel");
 }
 
-// The newest pipeline that serves p (TMA needs encodable maps: dense calls), unless
-// `pinned` names one (the journey's measurements and the tests of each step).
+// The fastest measured pipeline that serves p (TMA needs encodable maps: dense calls),
+// unless `pinned` names one (the journey's measurements and the tests of each step).
 template <class T, class Cfg>
 void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
                          std::optional<Pipeline> pinned = std::nullopt) {
@@ -728,7 +729,9 @@ void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
                    encode_dense_maps(p, Cfg::kBlockM, Cfg::kBlockN, maps);
   if (pinned && *pinned != Pipeline::cp_async && !tma)
     throw Error(ErrorKind::unsupported, "cuda_sm90: the TMA maps of this call cannot be encoded");
-  const Pipeline pipeline = pinned ? *pinned : tma ? Pipeline::tma_ping_pong : Pipeline::cp_async;
+  // Dense calls take step 4.3: 4.4 and 4.5 measured 15-24% slower (docs/JOURNEY.md).
+  const Pipeline pipeline =
+      pinned ? *pinned : tma ? Pipeline::tma_warp_specialized : Pipeline::cp_async;
   launch_sm90_kernel<T, Cfg>(p, maps, pipeline, stream);
 }
 
