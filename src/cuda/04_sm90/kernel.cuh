@@ -24,11 +24,15 @@
 //    tiles evaluate it), offsets from SeqlenInfo (dense and varlen), the online softmax
 //    through softmax_state.hpp, sinks through add_sink, the LSE index from
 //    SeqlenInfo::lse_index. Softcap and ALiBi are not in this step (refused on the host).
-// Measured: docs/JOURNEY.md "Step 4 — cuda_sm90".
 //
 // Step 4.4 (kOverlap) and 4.5 (kPingPong) are below; both measured slower than 4.3, which
-// dense calls take (docs/JOURNEY.md). Next (issue 9): find why (ncu), a persistent
-// scheduler, a TMA-store epilogue, d=256, softcap and ALiBi.
+// dense calls take. Next (issue 9): find why (ncu), a persistent scheduler, a TMA-store
+// epilogue, d=256, softcap and ALiBi.
+//
+// Measured (H200, bf16, seqlen 16k, TFLOP/s full / causal, one device call; docs/JOURNEY.md
+// "Step 4 — cuda_sm90", bench/results/sm90_run3_*): d=128 4.1 437 / 437, 4.2 538 / 525,
+// 4.3 558 / 548 (1.60× / 1.70× cuda_mma, 0.90× / 0.95× the issue's cuDNN), 4.4 431 / 454,
+// 4.5 455 / 463; d=64 4.3 423 / 415 (1.39× / 1.41× cuda_mma).
 //
 // Shared-memory tiles (Q, K, V, and O in the epilogue) all use wgmma's K-major 128-byte-
 // swizzle canonical layout: the 16-bit columns are cut into blocks of 64 (128 bytes); block

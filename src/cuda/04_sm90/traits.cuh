@@ -11,9 +11,10 @@ namespace flashtile::detail::sm90 {
 template <int kHeadDim>
 struct Sm90Traits;
 
-// Step 4.1's first choice (not yet swept): two consumer warpgroups (128 query rows) share
-// 128-key tiles, two stages. d=128: 32 KB of Q + 2·2·32 KB of K/V = 160 KB, one CTA per SM;
-// d=64: 80 KB.
+// The first choice, not yet swept: two consumer warpgroups (128 query rows) share 128-key
+// tiles, two stages (plus the producer warpgroup in steps 4.3-4.5). d=128: 32 KB of Q +
+// 2·2·32 KB of K/V = 160 KB, one CTA per SM; d=64: 80 KB. A third stage fits at both
+// (d=128: 224 KB of the 227 KB) and is the first thing to try for steps 4.4/4.5.
 template <>
 struct Sm90Traits<64> : Sm90Config<64, 128, 2, 2, 1> {};
 template <>
