@@ -62,6 +62,7 @@ enum class Backend {
   cuda_naive,     // journey step 1: one thread per query row
   cuda_tiled,     // journey step 2: shared-memory tiles, scores in registers
   cuda_mma,       // journey step 3: tensor cores (mma.sync), fp16/bf16, sm_80+
+  cuda_sm90,      // journey step 4: Hopper wgmma, fp16/bf16, sm_90a (built for 90a only)
 };
 
 std::string_view backend_name(Backend backend);

@@ -104,6 +104,7 @@ std::string_view backend_name(Backend backend) {
     case Backend::cuda_naive: return "cuda_naive";
     case Backend::cuda_tiled: return "cuda_tiled";
     case Backend::cuda_mma: return "cuda_mma";
+    case Backend::cuda_sm90: return "cuda_sm90";
   }
   return "?";
 }
@@ -111,7 +112,8 @@ std::string_view backend_name(Backend backend) {
 const std::vector<Backend>& all_backends() {
   static const std::vector<Backend> backends = {Backend::cpu_reference, Backend::cpu_standard,
                                                 Backend::cpu_flash,     Backend::cuda_naive,
-                                                Backend::cuda_tiled,    Backend::cuda_mma};
+                                                Backend::cuda_tiled,    Backend::cuda_mma,
+                                                Backend::cuda_sm90};
   return backends;
 }
 
@@ -126,7 +128,8 @@ DeviceType backend_device(Backend backend) {
   switch (backend) {
     case Backend::cuda_naive:
     case Backend::cuda_tiled:
-    case Backend::cuda_mma: return DeviceType::cuda;
+    case Backend::cuda_mma:
+    case Backend::cuda_sm90: return DeviceType::cuda;
     default: return DeviceType::cpu;
   }
 }

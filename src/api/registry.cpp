@@ -10,6 +10,7 @@ BackendEntry make_cpu_flash_backend();
 BackendEntry make_cuda_naive_backend();
 BackendEntry make_cuda_tiled_backend();
 BackendEntry make_cuda_mma_backend();
+BackendEntry make_cuda_sm90_backend();
 #endif
 
 const std::vector<BackendEntry>& backend_registry() {
@@ -20,6 +21,7 @@ const std::vector<BackendEntry>& backend_registry() {
     entries.push_back(make_cuda_naive_backend());
     entries.push_back(make_cuda_tiled_backend());
     entries.push_back(make_cuda_mma_backend());
+    entries.push_back(make_cuda_sm90_backend());
 #endif
     return entries;
   }();

@@ -49,4 +49,14 @@ FT_HOST_DEVICE KeyBlocks<Int> key_blocks(const Mask<Int>& mask, Int row_begin, I
   return blocks;
 }
 
+// The query block that the x-th of `blocks` launched CTAs computes, so that CTAs, which start
+// in order of x, take the heaviest blocks first and the light ones fill the tail. Rows see
+// more keys the later they are unless only the window's left side is bounded (then the
+// first rows see the most); with full attention the first rows are the lightest anyway.
+FT_HOST_DEVICE int heaviest_first_block(int64_t window_left, int64_t window_right, int x,
+                                               int blocks) {
+  const bool first_rows_heaviest = window_left >= 0 && window_right < 0;
+  return first_rows_heaviest ? x : blocks - 1 - x;
+}
+
 }  // namespace flashtile::detail

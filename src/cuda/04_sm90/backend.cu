@@ -1,0 +1,114 @@
+// cuda_sm90 as a backend: what it accepts (checked on the host, before anything runs) and
+// the hand-over to the sm_90a translation units (dispatch.cu). Host code only: this file is
+// compiled in every CUDA build, and without sm_90a machine code (CMAKE_CUDA_ARCHITECTURES
+// lacking 90a) the backend reports itself unavailable. The kernel and its journey note are
+// in kernel.cuh, the tile sizes in traits.cuh.
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "cuda/common.cuh"
+#if FLASHTILE_WITH_SM90
+#include "cuda/04_sm90/sm90.hpp"
+#endif
+
+namespace flashtile::detail {
+namespace {
+
+// sm_90a machine code runs on compute capability 9.0 exactly (wgmma is arch-specific).
+std::string device_unsuitable(int device_index) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    return "cannot query CUDA device " + std::to_string(device_index);
+  }
+  if (major != 9 || minor != 0)
+    return "cuda_sm90 needs compute capability 9.0 (sm_90a: H100/H200); device " +
+           std::to_string(device_index) + " has " + std::to_string(major) + "." +
+           std::to_string(minor);
+  return "";
+}
+
+std::string sm90_unavailable() {
+#if !FLASHTILE_WITH_SM90
+  return "built without sm_90a code (CMAKE_CUDA_ARCHITECTURES lacks 90a)";
+#else
+  if (std::string why = cuda_backend_unavailable(); !why.empty()) return why;
+  return device_unsuitable(0);
+#endif
+}
+
+// Every row of q, k, v and out starts on 16 bytes: the kernel moves whole 16-byte chunks.
+std::string alignment_unsupported(const AttentionParams& p) {
+  struct Tensor {
+    const char* name;
+    const void* data;
+    int64_t batch_stride, row_stride, head_stride;
+  };
+  const Tensor tensors[] = {
+      {"q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride},
+      {"k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride},
+      {"v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride},
+      {"out", p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride}};
+  for (const Tensor& t : tensors) {
+    if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+      return std::string("cuda_sm90 needs 16-byte aligned rows; ") + t.name +
+             ".data is not 16-byte aligned";
+    if (t.batch_stride % 8 != 0 || t.row_stride % 8 != 0 || t.head_stride % 8 != 0)
+      return std::string("cuda_sm90 needs 16-byte aligned rows; ") + t.name +
+             " has strides (" + std::to_string(t.batch_stride) + ", " +
+             std::to_string(t.row_stride) + ", " + std::to_string(t.head_stride) +
+             ") elements, not all multiples of 8";
+  }
+  return "";
+}
+
+std::string sm90_unsupported(const AttentionParams& p) {
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16)
+    return "cuda_sm90 supports float16 and bfloat16; got " + std::string(dtype_name(p.dtype));
+  if (p.head_dim != 64 && p.head_dim != 128)
+    return "cuda_sm90 supports head_dim 64 and 128 (step 4.1); got " + std::to_string(p.head_dim);
+  if (p.softcap != 0.0f || p.alibi_slopes != nullptr)
+    return "cuda_sm90 does not yet support softcap or ALiBi (step 4.1); got " +
+           describe_variant(p);
+  if (std::string why = alignment_unsupported(p); !why.empty()) return why;
+  // Sequence positions are 32-bit inside the kernel (element offsets stay 64-bit).
+  constexpr int64_t kMaxSeqlen = INT_MAX - 1024;
+  if (p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen)
+    return "cuda_sm90 supports seqlen up to " + std::to_string(kMaxSeqlen) + "; got seqlen_q " +
+           std::to_string(p.seqlen_q) + ", seqlen_k " + std::to_string(p.seqlen_k);
+  if (std::string why = grid_unsupported(p); !why.empty()) return why;
+  if (std::string why = device_unsuitable(p.device_index); !why.empty()) return why;
+#if FLASHTILE_WITH_SM90
+  int smem_optin = 0;
+  cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index);
+  if (const int needed = sm90::shared_bytes_for(p.head_dim); needed > smem_optin)
+    return "cuda_sm90 at head_dim " + std::to_string(p.head_dim) + " needs " +
+           std::to_string(needed) + " bytes of shared memory per block; device " +
+           std::to_string(p.device_index) + " allows " + std::to_string(smem_optin);
+#endif
+  return "";
+}
+
+void run_sm90(const AttentionParams& p) {
+#if FLASHTILE_WITH_SM90
+  sm90::run_forward(p, p.stream);
+#else
+  throw Error(ErrorKind::unsupported, "cuda_sm90 is not available: " + sm90_unavailable());
+#endif
+}
+
+}  // namespace
+
+// Priority below cuda_mma's 30: `auto` keeps cuda_mma until cuda_sm90 is measured faster
+// wherever it runs (issue 9).
+BackendEntry make_cuda_sm90_backend() {
+  return {Backend::cuda_sm90, DeviceType::cuda, /*priority=*/20, sm90_unavailable,
+          sm90_unsupported, no_workspace, run_sm90};
+}
+
+}  // namespace flashtile::detail

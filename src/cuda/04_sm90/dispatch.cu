@@ -1,0 +1,61 @@
+// cuda_sm90's dispatch to its head-dim specialisations (sm_90a translation unit; the
+// backend entry in backend.cu reaches it through sm90.hpp).
+#include <cstdlib>
+#include <string>
+
+#include "cuda/04_sm90/sm90.hpp"
+#include "cuda/04_sm90/traits.cuh"
+#include "cuda/device_guard.cuh"
+
+namespace flashtile::detail::sm90 {
+
+int shared_bytes_for(int64_t head_dim) {
+  switch (head_dim) {
+    case 64: return Sm90Traits<64>::kSmemBytes;
+    case 128: return Sm90Traits<128>::kSmemBytes;
+  }
+  return 0;
+}
+
+namespace {
+template <int kHeadDim>
+void run_for_dtype(const AttentionParams& p, cudaStream_t stream, std::optional<Pipeline> pinned) {
+  if (p.dtype == DType::bf16)
+    run_sm90_forward<__nv_bfloat16, kHeadDim>(p, stream, pinned);
+  else
+    run_sm90_forward<__half, kHeadDim>(p, stream, pinned);
+}
+
+// FLASHTILE_SM90_PIPELINE=cp_async|tma|tma_ws|tma_ws_overlap|tma_ping_pong pins the
+// pipeline (step 4.1 .. 4.5) for
+// the journey's side-by-side measurements and the tests of each step; unset, the newest
+// one that serves the call runs.
+std::optional<Pipeline> pipeline_from_environment() {
+  const char* value = std::getenv("FLASHTILE_SM90_PIPELINE");
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  const std::string name(value);
+  if (name == "cp_async") return Pipeline::cp_async;
+  if (name == "tma") return Pipeline::tma;
+  if (name == "tma_ws") return Pipeline::tma_warp_specialized;
+  if (name == "tma_ws_overlap") return Pipeline::tma_warp_specialized_overlap;
+  if (name == "tma_ping_pong") return Pipeline::tma_ping_pong;
+  throw Error(ErrorKind::invalid_argument,
+              "FLASHTILE_SM90_PIPELINE must be cp_async, tma, tma_ws, tma_ws_overlap or tma_ping_pong; "
+              "got '" + name + "'");
+}
+}  // namespace
+
+void run_forward(const AttentionParams& p, void* stream_handle) {
+  const DeviceGuard on_device(p.device_index);
+  auto stream = static_cast<cudaStream_t>(stream_handle);
+  const std::optional<Pipeline> pinned = pipeline_from_environment();
+  switch (p.head_dim) {
+    case 64: run_for_dtype<64>(p, stream, pinned); break;
+    case 128: run_for_dtype<128>(p, stream, pinned); break;
+    default:
+      throw Error(ErrorKind::unsupported,
+                  "cuda_sm90 supports head_dim 64 and 128; got " + std::to_string(p.head_dim));
+  }
+}
+
+}  // namespace flashtile::detail::sm90

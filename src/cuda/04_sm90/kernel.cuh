@@ -1,0 +1,742 @@
+// Journey step 4 — cuda_sm90: Hopper warpgroup MMA (wgmma), fp16/bf16, sm_90a only.
+//
+// Step 4.1: wgmma with synchronous loads.
+//  - Each consumer warpgroup (4 warps, 128 threads) owns 64 query rows; a CTA holds
+//    kWarpgroups of them, which share every K/V tile.
+//  - S = Q·Kᵀ is wgmma m64n{kBlockN}k16 with Q and K both read from shared memory through
+//    descriptors (K-major, 128-byte swizzle); O += P·V is m64n{kHeadDim}k16 with P from
+//    registers (the S accumulator, packed in place to 16-bit pairs) and V read MN-major
+//    through its descriptor (the transpose costs nothing).
+//  - K/V tiles come in through a kStages-deep cp.async ring (the next tile is in flight
+//    while this one is computed), Q once; every wgmma waits for its own result
+//    (wgmma.wait_group 0), so the softmax does not yet overlap the tensor cores.
+// Step 4.2 (Pipeline::tma): Q once and every K/V tile by TMA (cp.async.bulk.tensor, maps
+//    from tensor_map.cuh) into the same kStages ring, each stage completing on its mbarrier;
+//    one thread of the CTA issues the copies, every thread waits on the stage's phase, and a
+//    __syncthreads per tile frees the oldest stage.
+// Step 4.3 (sm90_ws_forward_kernel): warp specialisation. A producer warpgroup (setmaxnreg
+//    down to 24 registers; one thread issues every TMA copy) and the consumer warpgroups
+//    (setmaxnreg up to 240) meet only on mbarriers: "full" per stage (TMA bytes landed) and
+//    "empty" per stage (every consumer warp has finished its wgmma on it), so no
+//    __syncthreads remains in the loop and the producer runs up to kStages tiles ahead.
+// Varlen batches keep the cp.async path (tensor_map.cuh says why).
+//  - Feature core: key tiles from key_blocks(), the mask from Mask (only needs_mask()
+//    tiles evaluate it), offsets from SeqlenInfo (dense and varlen), the online softmax
+//    through softmax_state.hpp, sinks through add_sink, the LSE index from
+//    SeqlenInfo::lse_index. Softcap and ALiBi are not in this step (refused on the host).
+//
+// Step 4.4 (kOverlap) and 4.5 (kPingPong) are below; both measured slower than 4.3, which
+// dense calls take. Next (issue 9): find why (ncu), a persistent scheduler, a TMA-store
+// epilogue, d=256, softcap and ALiBi.
+//
+// Measured (H200, bf16, seqlen 16k, TFLOP/s full / causal, one device call; docs/JOURNEY.md
+// "Step 4 — cuda_sm90", bench/results/sm90_run3_*): d=128 4.1 437 / 437, 4.2 538 / 525,
+// 4.3 558 / 548 (1.60× / 1.70× cuda_mma, 0.90× / 0.95× the issue's cuDNN), 4.4 431 / 454,
+// 4.5 455 / 463; d=64 4.3 423 / 415 (1.39× / 1.41× cuda_mma).
+//
+// Shared-memory tiles (Q, K, V, and O in the epilogue) all use wgmma's K-major 128-byte-
+// swizzle canonical layout: the 16-bit columns are cut into blocks of 64 (128 bytes); block
+// c of a kRows-row tile occupies kRows·128 contiguous bytes, row r at r·128, and 16-byte
+// chunk j of that row at (j ^ (r % 8))·16. Every tile starts on 1024 bytes (the swizzle is
+// applied to address bits 4-6 from bits 7-9, so it must be aligned to the 8-row atom).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+#include "attn/block_range.hpp"
+#include "attn/seqlen.hpp"
+#include "attn/softmax_state.hpp"
+#include "attn/variant.hpp"
+#include "cuda/common.cuh"
+#include "cuda/04_sm90/tensor_map.cuh"
+#include "cuda/ptx/mbarrier.cuh"
+#include "cuda/ptx/mma.cuh"
+#include "cuda/ptx/tma.cuh"
+#include "cuda/ptx/wgmma.cuh"
+
+namespace flashtile::detail::sm90 {
+
+inline constexpr int kWarpgroupThreads = 128;
+inline constexpr int kWarpgroupRows = 64;   // the M of every wgmma
+inline constexpr int kSwizzleBytes = 128;   // one row of a swizzle atom
+inline constexpr int kSwizzleCols = 64;     // 16-bit columns in kSwizzleBytes
+inline constexpr int kAtomBytes = 1024;     // 8 rows of kSwizzleBytes
+
+// One kernel configuration (Sm90Traits<head_dim> in traits.cuh picks one per head dim).
+//   kHeadDim   : head dim, a multiple of 64 (whole swizzle blocks)
+//   kBlockN    : keys per K/V tile (the N of S = Q·Kᵀ)
+//   kWarpgroups: consumer warpgroups per CTA, 64 query rows each
+//   kStages    : depth of the K/V cp.async ring
+//   kMinBlocks : CTAs per SM asked of the register allocator
+template <int kHeadDim_, int kBlockN_, int kWarpgroups_, int kStages_, int kMinBlocks_>
+struct Sm90Config {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarpgroups = kWarpgroups_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kMinBlocks = kMinBlocks_;
+
+  static constexpr int kBlockM = kWarpgroupRows * kWarpgroups;
+  static constexpr int kThreads = kWarpgroupThreads * kWarpgroups;
+  static constexpr int kRowChunks = kHeadDim / 8;       // 16-byte chunks per row
+  static constexpr int kQKSteps = kHeadDim / 16;        // k-steps of Q·Kᵀ
+  static constexpr int kPVSteps = kBlockN / 16;         // k-steps of P·V
+  static constexpr int kSRegs = kBlockN / 2;            // S accumulator registers per thread
+  static constexpr int kORegs = kHeadDim / 2;           // O accumulator registers per thread
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one K or one V tile
+  // TMA paths: one mbarrier for Q, a "full" one per stage and an "empty" one per stage.
+  static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
+  // Q, then kStages (K, V) pairs, the barriers, and the slack to align the start.
+  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes + kBarrierBytes + kAtomBytes;
+
+  static_assert(kHeadDim % kSwizzleCols == 0 && kHeadDim <= 256,
+                "head dim: whole 64-column swizzle blocks, at most 256 (wgmma N)");
+  static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256,
+                "K/V tiles: whole 16-key k-steps of P·V, at most 256 keys (wgmma N)");
+  static_assert(kBlockN % 8 == 0, "K tiles hold whole 8-row swizzle atoms");
+  static_assert(kStages >= 2, "the cp.async ring needs at least two stages");
+  static_assert(kQBytes % kAtomBytes == 0 && kTileBytes % kAtomBytes == 0,
+                "every tile starts on a 1024-byte swizzle atom");
+};
+
+// The first kAtomBytes-aligned shared address at or after `raw` (dynamic shared memory is
+// only 16-byte aligned; kSmemBytes holds the slack).
+__device__ __forceinline__ uint32_t atom_aligned(uint32_t raw) {
+  return (raw + kAtomBytes - 1) & ~uint32_t(kAtomBytes - 1);
+}
+
+// Byte offset of 16-byte chunk `chunk` (columns 8·chunk .. 8·chunk+7) of row `row` in a
+// swizzled tile of kRows rows (the layout in the header comment).
+template <int kRows>
+__host__ __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
+  return static_cast<uint32_t>((chunk / 8) * (kRows * kSwizzleBytes) + row * kSwizzleBytes +
+                               (((chunk % 8) ^ (row % 8)) * 16));
+}
+
+// Descriptor of the K-major operand that k-step `ks` (columns 16·ks .. 16·ks+15) of rows
+// [row0, row0 + 64 or N) reads: Q as A of Q·Kᵀ, K as its B. Inside a swizzle block a k-step
+// starts 32 bytes further (the hardware swizzles the address it forms); the 8-row groups
+// lie kAtomBytes apart (stride offset); the leading offset is unused for this layout.
+template <int kRows>
+__device__ __forceinline__ uint64_t k_major_descriptor(uint32_t tile, int row0, int ks) {
+  const uint32_t address = tile + (ks / 4) * (kRows * kSwizzleBytes) + row0 * kSwizzleBytes +
+                           (ks % 4) * 32;
+  return ptx::smem_descriptor_128b(address, /*leading_bytes=*/16, /*stride_bytes=*/kAtomBytes);
+}
+
+// Descriptor of the MN-major operand that k-step `kk` (keys 16·kk .. 16·kk+15) reads: V as
+// B of P·V (N = head dim runs along the rows of the tile). The next 64 head-dim columns
+// lie one swizzle block (kRows·128 bytes) further (leading offset); the next 8 keys one
+// atom further (stride offset).
+template <int kRows>
+__device__ __forceinline__ uint64_t mn_major_descriptor(uint32_t tile, int kk) {
+  const uint32_t address = tile + kk * 16 * kSwizzleBytes;
+  return ptx::smem_descriptor_128b(address, /*leading_bytes=*/kRows * kSwizzleBytes,
+                                   /*stride_bytes=*/kAtomBytes);
+}
+
+// Copies rows [0, kRows) of a strided tensor (row 0 at `src`, rows `row_stride` elements
+// apart, 16-byte aligned) into a swizzled tile with every thread of the CTA; rows >=
+// valid_rows are zero-filled (no garbage, e.g. 0·NaN, reaches the products).
+template <class Cfg, int kRows, class T>
+__device__ __forceinline__ void load_tile_async(uint32_t tile, const T* src, int64_t row_stride,
+                                                int valid_rows) {
+  constexpr int kChunks = kRows * Cfg::kRowChunks;
+  static_assert(kChunks % Cfg::kThreads == 0, "a tile is a whole number of copy passes");
+#pragma unroll
+  for (int i = 0; i < kChunks / Cfg::kThreads; ++i) {
+    const int id = static_cast<int>(threadIdx.x) + i * Cfg::kThreads;
+    const int row = id / Cfg::kRowChunks, chunk = id % Cfg::kRowChunks;
+    const bool ok = row < valid_rows;
+    // A skipped copy still names a valid address (row 0 always exists) but reads nothing.
+    const T* from = ok ? src + row * row_stride + chunk * 8 : src;
+    ptx::cp_async_16(tile + swizzled_offset<kRows>(row, chunk), from, ok);
+  }
+}
+
+// Where this thread's accumulator registers lie inside its warpgroup's 64-row tile.
+struct FragmentCoords {
+  int warp_in_group, lane;
+  __device__ __forceinline__ FragmentCoords()
+      : warp_in_group(static_cast<int>(threadIdx.x / 32) % 4),
+        lane(static_cast<int>(threadIdx.x % 32)) {}
+  __device__ __forceinline__ int thread_in_group() const { return 32 * warp_in_group + lane; }
+  // Register r of a row half: rows g (half 0) and g + 8 (half 1).
+  __device__ __forceinline__ int row(int half) const {
+    return ptx::accumulator_row(warp_in_group, lane, 2 * half);
+  }
+  __device__ __forceinline__ int col(int r) const { return ptx::accumulator_col(lane, r); }
+};
+
+// Accumulator registers 8·kk .. 8·kk+7 (S columns 16·kk .. 16·kk+15) as the A operand of
+// k-step kk of P·V: a[0] = row g, cols 2t..; a[1] = row g+8; a[2], a[3] = the same 8 columns
+// further (ptx/wgmma.cuh).
+template <class T, int kRegs>
+__device__ __forceinline__ void pack_a_operand(uint32_t (&a)[4], const float (&s)[kRegs], int kk) {
+  a[0] = ptx::pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+  a[1] = ptx::pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+  a[2] = ptx::pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+  a[3] = ptx::pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+}
+
+template <int kRegs>
+__device__ __forceinline__ void fence_registers(float (&r)[kRegs]) {
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) ptx::fence_register(r[i]);
+}
+
+// Which load/sync scheme a dense call runs (the journey's steps, kept side by side so each
+// can be measured and tested; varlen calls always take cp_async).
+enum class Pipeline {
+  cp_async,                      // 4.1
+  tma,                           // 4.2
+  tma_warp_specialized,          // 4.3
+  tma_warp_specialized_overlap,  // 4.4
+  tma_ping_pong,                 // 4.5
+};
+
+// Shared-memory map of one CTA: [ Q (kBlockM, d) | stage s: K (kBlockN, d), V (kBlockN, d)
+// ... | barriers: Q, full[kStages], empty[kStages] ], every tile swizzled.
+template <class Cfg>
+struct SmemMap {
+  unsigned char* base;  // generic pointer to the Q tile
+  uint32_t q, kv;       // shared addresses of the Q tile and of stage 0
+  __device__ __forceinline__ explicit SmemMap(unsigned char* raw_ptr) {
+    const uint32_t raw = ptx::smem_addr(raw_ptr);
+    q = atom_aligned(raw);
+    base = raw_ptr + (q - raw);
+    kv = q + Cfg::kQBytes;
+  }
+  __device__ __forceinline__ uint32_t k_stage(int stage) const {
+    return kv + stage * 2 * Cfg::kTileBytes;
+  }
+  __device__ __forceinline__ uint32_t v_stage(int stage) const {
+    return k_stage(stage) + Cfg::kTileBytes;
+  }
+  __device__ __forceinline__ uint32_t q_barrier() const { return k_stage(Cfg::kStages); }
+  __device__ __forceinline__ uint32_t full_barrier(int stage) const {
+    return q_barrier() + 8u * (1 + stage);
+  }
+  __device__ __forceinline__ uint32_t empty_barrier(int stage) const {
+    return q_barrier() + 8u * (1 + Cfg::kStages + stage);
+  }
+};
+
+// What one CTA computes: its query block of one (batch, head), the key tiles that block
+// visits (last-first: tile i is key block blocks.end - 1 - i) and where its rows live.
+struct CtaWork {
+  int64_t b, h, hk;
+  SeqlenInfo<int> seq;
+  Mask<int> mask;
+  int row_start;
+  KeyBlocks<int> blocks;
+
+  __device__ __forceinline__ CtaWork(const AttentionParams& p, int block_m, int block_n)
+      : b(blockIdx.z), h(blockIdx.y), hk(int64_t(blockIdx.y) / p.heads_per_kv()), seq(p, b),
+        mask(seq.mask(p)),
+        row_start(heaviest_first_block(p.window_left, p.window_right, blockIdx.x, gridDim.x) *
+                  block_m) {
+    // Past this sequence's end (varlen) the block is empty; callers return.
+    if (row_start < seq.seqlen_q)
+      blocks = key_blocks(mask, row_start, min(row_start + block_m, seq.seqlen_q), block_n);
+  }
+  __device__ __forceinline__ bool idle() const { return row_start >= seq.seqlen_q; }
+  __device__ __forceinline__ int n_tiles() const { return blocks.count(); }
+  __device__ __forceinline__ int key_block(int tile) const { return blocks.end - 1 - tile; }
+};
+
+// One box per 64-column swizzle block of a tile: tiles hold block c at c·rows·128 bytes,
+// which is where the map's 128-byte swizzle puts each box. One thread issues them.
+template <class Cfg>
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, uint32_t barrier,
+                                              int rows, int row0, int64_t head, int64_t b) {
+#pragma unroll
+  for (int c = 0; c < Cfg::kHeadDim / kSwizzleCols; ++c)
+    ptx::tma_load_4d(dst + c * rows * kSwizzleBytes, map, barrier, c * kSwizzleCols, row0,
+                     static_cast<int>(head), static_cast<int>(b));
+}
+
+// One consumer warpgroup: 64 query rows, their O accumulator and softmax state, and the
+// per-tile math (S = Q·Kᵀ, mask, online softmax, O += P·V) every pipeline shares.
+template <class T, class Cfg>
+struct ConsumerWarpgroup {
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr float kLog2e = 1.4426950408889634f;
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  using MmaQK = ptx::Wgmma<T, kBlockN>;        // S (64, kBlockN) = Q (64, d) · Kᵀ
+  using MmaPV = ptx::Wgmma<T, Cfg::kHeadDim>;  // O (64, d) += P (64, kBlockN) · V
+
+  FragmentCoords frag;
+  int row0;                 // first row of this warpgroup inside the CTA's block
+  float o[Cfg::kORegs];     // O (64, d) accumulator
+  float s[Cfg::kSRegs];     // S (64, kBlockN) accumulator, then P in fp32
+  // Rows g and g + 8 of this thread: running max in natural units, and this thread's
+  // partial sum l over its columns (the quad's four partials add up to the row's l).
+  SoftmaxState<float> state[2];
+  float scale, scale_log2;
+
+  __device__ __forceinline__ ConsumerWarpgroup(int consumer_index, float p_scale)
+      : row0(consumer_index * kWarpgroupRows) {
+#pragma unroll
+    for (int r = 0; r < Cfg::kORegs; ++r) o[r] = 0.0f;
+    state[0] = state[1] = {kNegInf, 0.0f};
+    // The softmax folds the scale into its exp2, so the max of the raw scores must be the
+    // max of the logits: a negative scale is moved into Q by flip_q_sign (exact). scale_log2
+    // stays above 0 so that a masked score (-inf) still gives 2^-inf = 0.
+    scale = fabsf(p_scale);
+    scale_log2 = fmaxf(scale * kLog2e, FLT_MIN);
+  }
+
+  // Flips the sign bits of this warpgroup's rows of Q (every thread of the warpgroup), then
+  // publishes them to wgmma: fence.proxy.async and a barrier over the warpgroup.
+  __device__ __forceinline__ void flip_q_sign(unsigned char* smem_q, int barrier_id) {
+    constexpr int kWordsPerBlock = kWarpgroupRows * kSwizzleBytes / 4;
+#pragma unroll 1
+    for (int c = 0; c < Cfg::kHeadDim / kSwizzleCols; ++c) {
+      auto* words = reinterpret_cast<uint32_t*>(smem_q + c * Cfg::kBlockM * kSwizzleBytes +
+                                                row0 * kSwizzleBytes);
+      for (int i = frag.thread_in_group(); i < kWordsPerBlock; i += kWarpgroupThreads)
+        words[i] ^= 0x80008000u;
+    }
+    ptx::fence_proxy_async_shared();
+    ptx::named_barrier_sync(barrier_id, kWarpgroupThreads);
+  }
+
+  // The per-tile pieces. S = Q·Kᵀ (64, kBlockN) of the K tile at k_tile, raw scores: issued
+  // and committed as one wgmma group, not waited for.
+  __device__ __forceinline__ void issue_scores(uint32_t smem_q, uint32_t k_tile) {
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Cfg::kQKSteps; ++ks)
+      MmaQK::ss(s, k_major_descriptor<Cfg::kBlockM>(smem_q, row0, ks),
+                k_major_descriptor<kBlockN>(k_tile, 0, ks), ks > 0);
+    ptx::wgmma_commit();
+  }
+
+  // Once S has landed: the mask, then the online softmax; P (fp32) overwrites S, l and m
+  // move on, and the factors by which O must be rescaled (rows g, g + 8) are returned in
+  // alpha, for rescale_o (which may wait for a P·V still in flight).
+  __device__ __forceinline__ void softmax(const CtaWork& work, int n_block, float (&alpha)[2]) {
+    const int n0 = n_block * kBlockN;
+    // Only the tiles key_blocks() names hold keys some row must not see (the diagonal, the
+    // window's edges, the end of K). Register r is row frag.row((r / 2) % 2), key col(r).
+    if (work.blocks.needs_mask(n_block)) {
+#pragma unroll
+      for (int r = 0; r < Cfg::kSRegs; ++r) {
+        const int row = work.row_start + row0 + frag.row((r / 2) % 2);
+        if (!work.mask.visible(row, n0 + frag.col(r))) s[r] = kNegInf;
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float row_max = kNegInf;
+#pragma unroll
+      for (int c = 0; c < kBlockN / 8; ++c)
+        row_max = fmaxf(row_max, fmaxf(s[4 * c + 2 * half], s[4 * c + 2 * half + 1]));
+      // The quad's four lanes hold the row's columns.
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+      const float block_max = row_max == kNegInf ? kNegInf : row_max * scale;  // natural units
+      SoftmaxState<float>& st = state[half];
+      alpha[half] = online_softmax_rescale(st, block_max);
+      // P = exp(scale·s - m) = 2^(s·scale·log2e - m·log2e): one FFMA + one MUFU.EX2.
+      const float shift = safe_shift(st.m) * kLog2e;
+      float row_sum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kBlockN / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[4 * c + 2 * half + e];
+          x = ptx::exp2_approx(fmaf(x, scale_log2, -shift));
+          row_sum += x;
+        }
+      st.l += row_sum;
+    }
+  }
+
+  __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int c = 0; c < Cfg::kHeadDim / 8; ++c) {
+        o[4 * c + 2 * half] *= alpha[half];
+        o[4 * c + 2 * half + 1] *= alpha[half];
+      }
+  }
+
+  // P (64, kBlockN) in 16-bit A fragments, one per k-step of P·V.
+  __device__ __forceinline__ void pack_p(uint32_t (&p_frag)[Cfg::kPVSteps][4]) const {
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kPVSteps; ++kk) pack_a_operand<T>(p_frag[kk], s, kk);
+  }
+
+  // O += P·V: P from registers, V (kBlockN, d) MN-major from shared memory; one committed
+  // wgmma group, not waited for.
+  __device__ __forceinline__ void issue_pv(const uint32_t (&p_frag)[Cfg::kPVSteps][4],
+                                           uint32_t v_tile) {
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kPVSteps; ++kk)
+      MmaPV::rs(o, p_frag[kk], mn_major_descriptor<kBlockN>(v_tile, kk), true);
+    ptx::wgmma_commit();
+  }
+
+  // One K/V tile (key block n_block), both in shared memory, every wgmma waited for at
+  // once: what steps 4.1-4.3 run.
+  __device__ __forceinline__ void tile(uint32_t smem_q, uint32_t k_tile, uint32_t v_tile,
+                                       const CtaWork& work, int n_block) {
+    issue_scores(smem_q, k_tile);
+    ptx::wgmma_wait<0>();
+    fence_registers(s);
+    float alpha[2];
+    softmax(work, n_block, alpha);
+    rescale_o(alpha);
+    uint32_t p_frag[Cfg::kPVSteps][4];
+    pack_p(p_frag);
+    issue_pv(p_frag, v_tile);
+    ptx::wgmma_wait<0>();
+    fence_registers(o);
+  }
+
+  // Normalises O, writes the LSE, stages O through this warpgroup's rows of the Q tile (its
+  // own wgmma no longer read them) and copies them out in 16-byte rows. barrier_id: a named
+  // barrier over this warpgroup alone.
+  __device__ __forceinline__ void epilogue(const AttentionParams& p, const CtaWork& work,
+                                           unsigned char* smem_q, int barrier_id) {
+    const float sink = sink_logit<float>(p, work.h);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      SoftmaxState<float> st = state[half];
+      st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
+      st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+      // add_sink would leave a state without sinks unchanged; the branch spares its exps.
+      const float sink_factor = p.sinks != nullptr ? add_sink(st, sink) : 1.0f;
+      const float out_scale = sink_factor * output_scale(st);  // 0 for a fully masked row
+      const int local_row = row0 + frag.row(half);
+#pragma unroll
+      for (int c = 0; c < Cfg::kHeadDim / 8; ++c) {
+        // Conflict-free: a quad writes one 16-byte chunk, the 8 rows 8 distinct bank groups.
+        const uint32_t packed = ptx::pack2<T>(o[4 * c + 2 * half] * out_scale,
+                                              o[4 * c + 2 * half + 1] * out_scale);
+        *reinterpret_cast<uint32_t*>(smem_q + swizzled_offset<Cfg::kBlockM>(local_row, c) +
+                                     4 * (frag.lane % 4)) = packed;
+      }
+      const int row = work.row_start + local_row;
+      if (p.lse != nullptr && frag.lane % 4 == 0 && row < work.seq.seqlen_q)
+        p.lse[work.seq.lse_index(p, work.b, work.h, row)] = log_sum_exp(st);
+    }
+    ptx::named_barrier_sync(barrier_id, kWarpgroupThreads);
+
+    T* o_rows = static_cast<T*>(p.o) + work.seq.o_offset(p, work.b, work.row_start + row0, work.h);
+    constexpr int kOutChunks = kWarpgroupRows * Cfg::kRowChunks;
+    static_assert(kOutChunks % kWarpgroupThreads == 0, "the output is a whole number of passes");
+#pragma unroll
+    for (int i = 0; i < kOutChunks / kWarpgroupThreads; ++i) {
+      const int id = frag.thread_in_group() + i * kWarpgroupThreads;
+      const int row = id / Cfg::kRowChunks, chunk = id % Cfg::kRowChunks;
+      if (work.row_start + row0 + row < work.seq.seqlen_q)
+        *reinterpret_cast<uint4*>(o_rows + row * p.o_row_stride + chunk * 8) =
+            *reinterpret_cast<const uint4*>(smem_q +
+                                            swizzled_offset<Cfg::kBlockM>(row0 + row, chunk));
+    }
+  }
+};
+
+// Named barrier ids: 0 is __syncthreads; consumer warpgroup c syncs alone on 1 + c, and
+// waits for its turn on the tensor cores (ping-pong) on 3 + c.
+__device__ __forceinline__ int consumer_barrier_id(int consumer_index) { return 1 + consumer_index; }
+__device__ __forceinline__ int turn_barrier_id(int consumer_index) { return 3 + consumer_index; }
+
+// Steps 4.1 and 4.2: every thread computes; the ring is refilled by cp.async (every thread)
+// or by TMA (one thread), with one __syncthreads per tile. Plain logits (scale·q·k) with
+// any mask, sinks, dense or varlen (cp_async only).
+template <class T, class Cfg, bool kTma>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    sm90_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps) {
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  const SmemMap<Cfg> smem(smem_raw);
+  const CtaWork work(p, kBlockM, kBlockN);
+  if (work.idle()) return;
+  const int n_tiles = work.n_tiles();
+  const int consumer = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
+  const bool tma_issuer = kTma && threadIdx.x == 0;
+
+  if constexpr (kTma) {
+    if (tma_issuer) {
+      ptx::mbarrier_init(smem.q_barrier(), 1);
+      for (int stage = 0; stage < kStages; ++stage) ptx::mbarrier_init(smem.full_barrier(stage), 1);
+      ptx::mbarrier_init_fence();
+      ptx::mbarrier_arrive_expect_tx(smem.q_barrier(), Cfg::kQBytes);
+      tma_load_tile<Cfg>(smem.q, &maps.q, smem.q_barrier(), kBlockM,
+                         work.seq.q_start + work.row_start, work.h, work.b);
+    }
+    __syncthreads();  // the barriers are initialised before anyone waits on them
+  } else {
+    const T* q_rows = static_cast<const T*>(p.q) + work.seq.q_offset(p, work.b, work.row_start, work.h);
+    load_tile_async<Cfg, kBlockM>(smem.q, q_rows, p.q_row_stride, work.seq.seqlen_q - work.row_start);
+    ptx::cp_async_commit();
+  }
+  const T* k_head = static_cast<const T*>(p.k) + work.seq.k_offset(p, work.b, 0, work.hk);
+  const T* v_head = static_cast<const T*>(p.v) + work.seq.v_offset(p, work.b, 0, work.hk);
+  auto issue_tile = [&](int tile) {
+    const int n0 = work.key_block(tile) * kBlockN;
+    const int stage = tile % kStages;
+    if constexpr (kTma) {
+      if (tma_issuer && tile < n_tiles) {
+        ptx::mbarrier_arrive_expect_tx(smem.full_barrier(stage), 2 * Cfg::kTileBytes);
+        tma_load_tile<Cfg>(smem.k_stage(stage), &maps.k, smem.full_barrier(stage), kBlockN,
+                           work.seq.k_start + n0, work.hk, work.b);
+        tma_load_tile<Cfg>(smem.v_stage(stage), &maps.v, smem.full_barrier(stage), kBlockN,
+                           work.seq.k_start + n0, work.hk, work.b);
+      }
+    } else {
+      if (tile < n_tiles) {
+        const int valid_rows = work.seq.seqlen_k - n0;
+        load_tile_async<Cfg, kBlockN>(smem.k_stage(stage), k_head + n0 * p.k_row_stride,
+                                      p.k_row_stride, valid_rows);
+        load_tile_async<Cfg, kBlockN>(smem.v_stage(stage), v_head + n0 * p.v_row_stride,
+                                      p.v_row_stride, valid_rows);
+      }
+      ptx::cp_async_commit();  // empty groups keep the wait counts uniform
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue_tile(s);
+
+  ConsumerWarpgroup<T, Cfg> wg(consumer, p.scale);
+  if constexpr (kTma)
+    ptx::mbarrier_wait(smem.q_barrier(), 0);
+  else
+    ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
+  if (p.scale < 0.0f) {
+    __syncthreads();  // every thread's part of Q has landed
+    wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
+  }
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if constexpr (kTma) {
+      __syncthreads();  // every warpgroup is done with the oldest stage
+      issue_tile(tile + kStages - 1);
+      // This tile's K and V have landed: phase tile / kStages of its stage's barrier.
+      ptx::mbarrier_wait(smem.full_barrier(tile % kStages), (tile / kStages) % 2);
+    } else {
+      ptx::cp_async_wait<kStages - 2>();  // this tile's K and V have landed (this thread's)
+      ptx::fence_proxy_async_shared();    // ... visible to wgmma
+      __syncthreads();                    // ... for every thread; the oldest stage is free
+      issue_tile(tile + kStages - 1);
+    }
+    wg.tile(smem.q, smem.k_stage(tile % kStages), smem.v_stage(tile % kStages), work,
+            work.key_block(tile));
+  }
+  // Every copy issued was waited for, but for the cp.async path's empty groups.
+  if constexpr (!kTma) ptx::cp_async_wait<0>();
+  wg.epilogue(p, work, smem.base, consumer_barrier_id(consumer));
+}
+
+// Step 4.3: warp specialisation (dense calls, TMA). Warpgroup 0 is the producer, warpgroups
+// 1..kWarpgroups the consumers; they meet only on the full / empty mbarriers of the ring.
+inline constexpr int kProducerRegisters = 24;   // one thread issues copies; the rest idle
+inline constexpr int kConsumerRegisters = 240;  // 128·24 + 256·240 <= 64K registers per SM
+
+template <class Cfg>
+inline constexpr int kWsThreads = Cfg::kThreads + kWarpgroupThreads;
+
+// kOverlap (step 4.4): the softmax of tile j runs while the tensor cores compute P·V of
+// tile j-1: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued back to back, the warpgroup
+// waits for S_j alone, runs the softmax, and only then waits for O, rescales it and packs
+// P_j.
+// kPingPong (step 4.5, with kOverlap): the two consumer warpgroups take turns to issue
+// their GEMMs (named barriers, 3 + c), so one's softmax runs under the other's GEMMs.
+template <class T, class Cfg, bool kOverlap, bool kPingPong>
+__global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
+    sm90_ws_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps) {
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  static_assert(kWarpgroupThreads * kProducerRegisters +
+                        Cfg::kWarpgroups * kWarpgroupThreads * kConsumerRegisters <= 65536,
+                "the register split fits the multiprocessor's 64K registers");
+  extern __shared__ unsigned char smem_raw[];
+  const SmemMap<Cfg> smem(smem_raw);
+  const CtaWork work(p, kBlockM, kBlockN);
+  if (work.idle()) return;
+  const int n_tiles = work.n_tiles();
+  const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
+  // Each consumer warp arrives on a stage's "empty" barrier once its wgmma are done with it.
+  constexpr int kConsumerWarps = Cfg::kWarpgroups * 4;
+
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(smem.q_barrier(), 1);
+    for (int stage = 0; stage < kStages; ++stage) {
+      ptx::mbarrier_init(smem.full_barrier(stage), 1);
+      ptx::mbarrier_init(smem.empty_barrier(stage), kConsumerWarps);
+    }
+    ptx::mbarrier_init_fence();
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+
+  if (warpgroup == 0) {  // producer
+    ptx::setmaxnreg_dec<kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      ptx::mbarrier_arrive_expect_tx(smem.q_barrier(), Cfg::kQBytes);
+      tma_load_tile<Cfg>(smem.q, &maps.q, smem.q_barrier(), kBlockM,
+                         work.seq.q_start + work.row_start, work.h, work.b);
+      for (int tile = 0; tile < n_tiles; ++tile) {
+        const int stage = tile % kStages;
+        // The stage's previous tile (tile - kStages) is released: its phase tile/kStages - 1.
+        if (tile >= kStages) ptx::mbarrier_wait(smem.empty_barrier(stage), (tile / kStages + 1) % 2);
+        const int n0 = work.key_block(tile) * kBlockN;
+        ptx::mbarrier_arrive_expect_tx(smem.full_barrier(stage), 2 * Cfg::kTileBytes);
+        tma_load_tile<Cfg>(smem.k_stage(stage), &maps.k, smem.full_barrier(stage), kBlockN,
+                           work.seq.k_start + n0, work.hk, work.b);
+        tma_load_tile<Cfg>(smem.v_stage(stage), &maps.v, smem.full_barrier(stage), kBlockN,
+                           work.seq.k_start + n0, work.hk, work.b);
+      }
+    }
+    return;
+  }
+
+  ptx::setmaxnreg_inc<kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  ConsumerWarpgroup<T, Cfg> wg(consumer, p.scale);
+  ptx::mbarrier_wait(smem.q_barrier(), 0);
+  if (p.scale < 0.0f) wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
+  auto wait_full = [&](int tile) {
+    ptx::mbarrier_wait(smem.full_barrier(tile % kStages), (tile / kStages) % 2);
+  };
+  auto release = [&](int tile) {
+    if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.empty_barrier(tile % kStages));
+  };
+  if constexpr (!kOverlap) {
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      wait_full(tile);
+      wg.tile(smem.q, smem.k_stage(tile % kStages), smem.v_stage(tile % kStages), work,
+              work.key_block(tile));
+      release(tile);
+    }
+  } else if (n_tiles > 0) {
+    static_assert(!kPingPong || Cfg::kWarpgroups == 2, "ping-pong alternates two consumers");
+    // GEMM phases: S_0; then S_j with P_{j-1}·V_{j-1}; then P_{n-1}·V_{n-1}. Under
+    // ping-pong consumer c waits for its turn before each phase and hands the turn over
+    // once the phase is issued; consumer 1 lets consumer 0 go first and skips its last
+    // hand-over, so every arrival is matched by a wait.
+    constexpr int kBothConsumers = 2 * kWarpgroupThreads;
+    auto take_turn = [&] {
+      if constexpr (kPingPong) ptx::named_barrier_sync(turn_barrier_id(consumer), kBothConsumers);
+    };
+    auto hand_over = [&](bool last_phase) {
+      if constexpr (kPingPong)
+        if (!(last_phase && consumer == 1))
+          ptx::named_barrier_arrive(turn_barrier_id(1 - consumer), kBothConsumers);
+    };
+    if constexpr (kPingPong)
+      if (consumer == 1) ptx::named_barrier_arrive(turn_barrier_id(0), kBothConsumers);
+    uint32_t p_frag[Cfg::kPVSteps][4];  // P of the previous tile, the A operand of its P·V
+    float alpha[2];
+    wait_full(0);
+    take_turn();
+    wg.issue_scores(smem.q, smem.k_stage(0));
+    hand_over(false);
+    ptx::wgmma_wait<0>();
+    fence_registers(wg.s);
+    wg.softmax(work, work.key_block(0), alpha);  // O is still 0: no rescale
+    wg.pack_p(p_frag);
+    for (int tile = 1; tile < n_tiles; ++tile) {
+      wait_full(tile);
+      take_turn();
+      wg.issue_scores(smem.q, smem.k_stage(tile % kStages));
+      wg.issue_pv(p_frag, smem.v_stage((tile - 1) % kStages));
+      hand_over(false);
+      ptx::wgmma_wait<1>();  // S of this tile (the older group) has landed
+      fence_registers(wg.s);
+      // The PTX has every exp2 of this softmax before the wait below; ptxas 13.0 schedules
+      // half of them after it (cuobjdump), so only half the softmax overlaps the P·V.
+      wg.softmax(work, work.key_block(tile), alpha);
+      ptx::wgmma_wait<0>();  // ... and O += P·V of the previous tile
+      fence_registers(wg.o);
+      release(tile - 1);
+      wg.rescale_o(alpha);
+      wg.pack_p(p_frag);
+    }
+    take_turn();
+    wg.issue_pv(p_frag, smem.v_stage((n_tiles - 1) % kStages));
+    hand_over(true);
+    ptx::wgmma_wait<0>();
+    fence_registers(wg.o);
+    release(n_tiles - 1);
+  }
+  wg.epilogue(p, work, smem.base, consumer_barrier_id(consumer));
+}
+
+template <class Kernel>
+void set_smem_limit(Kernel* kernel, int bytes) {
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             "cudaFuncSetAttribute(cuda_sm90 kernel)");
+}
+
+// Launches one pipeline on `stream`; the grid covers the longest sequence (p.seqlen_q) of
+// every (head, batch entry).
+template <class T, class Cfg>
+void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline pipeline,
+                        cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
+                  static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+  switch (pipeline) {
+    case Pipeline::cp_async: {
+      auto* kernel = &sm90_forward_kernel<T, Cfg, false>;
+      set_smem_limit(kernel, Cfg::kSmemBytes);
+      kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
+      break;
+    }
+    case Pipeline::tma: {
+      auto* kernel = &sm90_forward_kernel<T, Cfg, true>;
+      set_smem_limit(kernel, Cfg::kSmemBytes);
+      kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
+      break;
+    }
+    case Pipeline::tma_warp_specialized: {
+      auto* kernel = &sm90_ws_forward_kernel<T, Cfg, false, false>;
+      set_smem_limit(kernel, Cfg::kSmemBytes);
+      kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps);
+      break;
+    }
+    case Pipeline::tma_warp_specialized_overlap: {
+      auto* kernel = &sm90_ws_forward_kernel<T, Cfg, true, false>;
+      set_smem_limit(kernel, Cfg::kSmemBytes);
+      kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps);
+      break;
+    }
+    case Pipeline::tma_ping_pong: {
+      auto* kernel = &sm90_ws_forward_kernel<T, Cfg, true, true>;
+      set_smem_limit(kernel, Cfg::kSmemBytes);
+      kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps);
+      break;
+    }
+  }
+  check_launch("cuda_sm90 forward kernel");
+}
+
+// The fastest measured pipeline that serves p (TMA needs encodable maps: dense calls),
+// unless `pinned` names one (the journey's measurements and the tests of each step).
+template <class T, class Cfg>
+void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
+                         std::optional<Pipeline> pinned = std::nullopt) {
+  TmaMaps maps{};
+  const bool tma = pinned != Pipeline::cp_async &&
+                   encode_dense_maps(p, Cfg::kBlockM, Cfg::kBlockN, maps);
+  if (pinned && *pinned != Pipeline::cp_async && !tma)
+    throw Error(ErrorKind::unsupported, "cuda_sm90: the TMA maps of this call cannot be encoded");
+  // Dense calls take step 4.3: 4.4 and 4.5 measured 15-24% slower (docs/JOURNEY.md).
+  const Pipeline pipeline =
+      pinned ? *pinned : tma ? Pipeline::tma_warp_specialized : Pipeline::cp_async;
+  launch_sm90_kernel<T, Cfg>(p, maps, pipeline, stream);
+}
+
+}  // namespace flashtile::detail::sm90

@@ -1,0 +1,411 @@
+// cuda_sm90 (Hopper wgmma, fp16/bf16, sm_90a) against the double-precision oracle with
+// FlashAttention's error rule, in the style and on the grid of test_cuda_mma.cpp: first the
+// kernel's own pieces (shared-memory layout, descriptors, fragment maps) through single
+// wgmma products of known matrices, then the dense grid, the masks, sinks and varlen
+// batches it serves, determinism, > 2^31-element tensors, and the refusals (which `auto`
+// answers with cuda_mma). Every test skips without an sm_90 device (CI).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/backend_grid.hpp"
+#include "support/device_case.hpp"
+#include "support/oracle_check.hpp"
+#if FLASHTILE_WITH_SM90
+#include "cuda/04_sm90/sm90.hpp"
+#endif
+
+namespace flashtile {
+namespace {
+
+using testing::AttentionCase;
+using testing::DeviceCase;
+using testing::Shape;
+
+constexpr Backend kSm90 = Backend::cuda_sm90;
+
+#define SKIP_WITHOUT_SM90_DEVICE()                                                    \
+  do {                                                                                \
+    FLASHTILE_SKIP_WITHOUT_CUDA();                                                    \
+    if (!backend_available(kSm90))                                                    \
+      GTEST_SKIP() << "cuda_sm90 unavailable: " << backend_unavailable_reason(kSm90); \
+  } while (0)
+
+// Under compute-sanitizer the long lengths are left out (FLASHTILE_SMALL_GRID=1).
+bool small_grid() { return std::getenv("FLASHTILE_SMALL_GRID") != nullptr; }
+
+Shape shape_of(DType dtype, int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
+               int64_t d) {
+  Shape s;
+  s.dtype = dtype;
+  s.batch = batch, s.seqlen_q = sq, s.seqlen_k = sk;
+  s.heads_q = hq, s.heads_kv = hkv, s.head_dim = d;
+  return s;
+}
+
+void expect_oracle(const AttentionCase& c, std::optional<float> scale = std::nullopt) {
+  const Verification verdict = testing::verify_case(c, scale);
+  EXPECT_TRUE(testing::matches_oracle(c, verdict)) << c.shape.describe();
+}
+
+void expect_matches_oracle(const Shape& shape, std::optional<float> scale = std::nullopt) {
+  AttentionCase c(shape);
+  DeviceCase d(c);
+  Options o = d.options(c, kSm90);
+  o.scale = scale;
+  d.run(c, o);
+  expect_oracle(c, scale);
+}
+
+// ---- the pieces: one wgmma product of known matrices ------------------------------------
+
+#if FLASHTILE_WITH_SM90
+// Row-major matrices of small multiples of 1/4: exact in fp16 and bf16, and every product
+// sum below exact in fp32, so the device result must equal the host product bit for bit.
+std::vector<float> quarter_matrix(int rows, int cols, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> dist(-8, 8);
+  std::vector<float> m(size_t(rows) * cols);
+  for (float& x : m) x = 0.25f * static_cast<float>(dist(gen));
+  return m;
+}
+
+// Reports the first few elements that differ with their (row, col), so a wrong register
+// map (rows swapped, columns of one chunk shifted) can be read off the failure.
+void expect_equal_matrix(const std::vector<float>& got, const std::vector<double>& want,
+                         int cols, const std::string& what) {
+  int wrong = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (got[i] != want[i] && wrong++ < 6)
+      ADD_FAILURE() << what << ": (" << i / cols << ", " << i % cols << ") got " << got[i]
+                    << ", want " << want[i];
+  EXPECT_EQ(wrong, 0) << what << ": " << wrong << " of " << want.size() << " elements differ";
+}
+
+constexpr int kRows = 64, kKeys = 128;  // the probes' M and key count (sm90.hpp)
+
+TEST(Sm90Pieces, QKProductMatchesHost) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  for (bool bf16 : {true, false})
+    for (int d : {64, 128}) {
+      const std::vector<float> a = quarter_matrix(kRows, d, 1 + d), b = quarter_matrix(kKeys, d, 2 + d);
+      std::vector<double> want(size_t(kRows) * kKeys, 0.0);
+      for (int i = 0; i < kRows; ++i)
+        for (int j = 0; j < kKeys; ++j)
+          for (int k = 0; k < d; ++k) want[i * kKeys + j] += double(a[i * d + k]) * b[j * d + k];
+      expect_equal_matrix(detail::sm90::probe_qk(bf16, d, a, b), want, kKeys,
+                          std::string(bf16 ? "bf16" : "fp16") + " S = A·Bᵀ, d=" + std::to_string(d));
+    }
+}
+
+TEST(Sm90Pieces, PVProductMatchesHost) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  for (bool bf16 : {true, false})
+    for (int d : {64, 128}) {
+      const std::vector<float> p = quarter_matrix(kRows, kKeys, 3 + d), v = quarter_matrix(kKeys, d, 4 + d);
+      std::vector<double> want(size_t(kRows) * d, 0.0);
+      for (int i = 0; i < kRows; ++i)
+        for (int j = 0; j < d; ++j)
+          for (int k = 0; k < kKeys; ++k) want[i * d + j] += double(p[i * kKeys + k]) * v[k * d + j];
+      expect_equal_matrix(detail::sm90::probe_pv(bf16, d, p, v), want, d,
+                          std::string(bf16 ? "bf16" : "fp16") + " O = P·V, d=" + std::to_string(d));
+    }
+}
+#endif
+
+// ---- attention against the oracle --------------------------------------------------------
+
+// Pins the kernel's pipeline for one scope (FLASHTILE_SM90_PIPELINE, read at each call):
+// "tma_ping_pong" (step 4.5), "tma_ws_overlap" (4.4), "tma_ws" (4.3, what dense calls
+// take unpinned: launch_sm90_forward in kernel.cuh), "tma" (4.2) or "cp_async" (4.1,
+// what varlen calls take). A TMA pipeline fails a call whose maps cannot be encoded, so a passing test
+// ran on the pipeline it names.
+class ScopedPipeline {
+ public:
+  explicit ScopedPipeline(const char* name) { setenv("FLASHTILE_SM90_PIPELINE", name, 1); }
+  ~ScopedPipeline() { unsetenv("FLASHTILE_SM90_PIPELINE"); }
+  ScopedPipeline(const ScopedPipeline&) = delete;
+  ScopedPipeline& operator=(const ScopedPipeline&) = delete;
+};
+constexpr const char* kPipelines[] = {"tma_ping_pong", "tma_ws_overlap", "tma_ws", "tma",
+                                      "cp_async"};
+
+class CudaSm90Grid : public ::testing::TestWithParam<DType> {};
+
+// Seqlens 1, 17, 113, 127, 128, 129, 1023, 1025 with seqlen_q != seqlen_k both ways, causal
+// or not, MHA/GQA/MQA, strided views, at both head dims: on the pipeline dense calls take,
+// then on each pipeline pinned.
+TEST_P(CudaSm90Grid, MatchesOracle) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  for (const Shape& s : testing::backend_grid({64, 128}, GetParam(), !small_grid()))
+    expect_matches_oracle(s);
+}
+
+TEST_P(CudaSm90Grid, EveryPipelineMatchesOracle) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  for (const char* pipeline : kPipelines) {
+    SCOPED_TRACE(pipeline);
+    const ScopedPipeline pinned(pipeline);
+    for (const Shape& s : testing::backend_grid({64, 128}, GetParam(), !small_grid()))
+      expect_matches_oracle(s);
+  }
+}
+
+// The masks and sinks this step serves, over lengths that put window edges, the diagonal
+// and the end of K inside tiles (sq != sk both ways), GQA/MQA and strides.
+TEST_P(CudaSm90Grid, MasksAndSinksMatchOracle) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  struct Feature {
+    Window window;
+    bool causal = false, sinks = false;
+  };
+  const Feature features[] = {
+      {{16, 0}},           // sliding window, causal-like
+      {{0, 0}},            // the diagonal only
+      {{5, 7}},            // both sides bounded
+      {{-1, 3}},           // right side only
+      {{40, -1}},          // left side only (first rows heaviest)
+      {{70, 0}, true},     // causal + left window
+      {{}, false, true},   // sinks
+      {{}, true, true},    // causal + sinks (empty rows when sq > sk)
+      {{33, 9}, false, true},
+  };
+  struct Lengths {
+    int64_t q, k;
+  };
+  std::vector<Lengths> lengths = {{1, 1}, {17, 200}, {200, 17}, {129, 129}, {100, 300}};
+  if (!small_grid()) lengths.push_back({700, 513});
+  int rotate = 0;
+  for (const Feature& f : features)
+    for (const Lengths& len : lengths) {
+      Shape s = shape_of(GetParam(), 2, len.q, len.k, 4, 2, rotate % 2 ? 128 : 64);
+      s.strided = rotate % 3 == 1;
+      if (rotate % 5 == 2) s.heads_kv = 1;  // MQA
+      ++rotate;
+      s.window = f.window;
+      s.causal = f.causal;
+      s.sinks = f.sinks;
+      expect_matches_oracle(s);
+    }
+}
+
+// Packed varlen batches: empty sequences, length-1 sequences, sq != sk per sequence,
+// seqused_k, with masks and sinks aligned per sequence.
+TEST_P(CudaSm90Grid, VarlenMatchesOracle) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  struct Batch {
+    std::vector<int64_t> q, k, used;
+  };
+  const Batch batches[] = {
+      {{1, 1, 1}, {1, 1, 1}, {}},
+      {{0, 5, 130, 1, 64}, {7, 0, 129, 1, 300}, {}},
+      {{33, 0, 200, 17}, {60, 12, 150, 17}, {41, 0, 150, 3}},
+      {{128, 257, 2}, {128, 257, 2}, {128, 100, 0}},
+  };
+  struct Variant {
+    bool causal;
+    Window window;
+    bool sinks;
+  };
+  const Variant variants[] = {{false, {}, false}, {true, {}, false}, {false, {20, 3}, true}};
+  for (const Batch& batch : batches)
+    for (const Variant& v : variants)
+      for (int64_t d : {64, 128}) {
+        Shape s = shape_of(GetParam(), 1, 0, 0, 4, 2, d);
+        s.varlen_q = batch.q, s.varlen_k = batch.k, s.seqused_k = batch.used;
+        s.causal = v.causal, s.window = v.window, s.sinks = v.sinks;
+        s.strided = d == 128;
+        expect_matches_oracle(s);
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaSm90Grid, ::testing::Values(DType::bf16, DType::f16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(CudaSm90, ScaleOfAnySign) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  for (const char* pipeline : kPipelines) {
+    SCOPED_TRACE(pipeline);
+    const ScopedPipeline pinned(pipeline);
+    for (float scale : {-0.37f, 0.0f, 1.5f})
+      for (bool causal : {false, true}) {
+        Shape s = shape_of(DType::f16, 1, 100, 150, 2, 1, 64);
+        s.causal = causal;
+        expect_matches_oracle(s, scale);
+      }
+  }
+}
+
+// Many tiles through the ring (every pipeline), the longest causal blocks, and a sliding
+// window that skips most of them.
+TEST(CudaSm90, LongerSequences) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  for (const char* pipeline : kPipelines) {
+    SCOPED_TRACE(pipeline);
+    const ScopedPipeline pinned(pipeline);
+    for (int64_t d : {64, 128})
+      for (int mask = 0; mask < 3; ++mask) {
+        Shape s = shape_of(DType::bf16, 1, 2000, 2100, 2, 2, d);
+        s.causal = mask == 1;
+        if (mask == 2) s.window = {300, 0};
+        expect_matches_oracle(s);
+      }
+  }
+}
+
+// Bitwise the same over 100 runs, with a window and sinks on, on each pipeline.
+TEST(CudaSm90, DeterministicOver100Runs) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  for (const char* pipeline : kPipelines) {
+    SCOPED_TRACE(pipeline);
+    const ScopedPipeline pinned(pipeline);
+    Shape s = shape_of(DType::bf16, 2, 257, 300, 4, 2, 128);
+    s.window = {100, 20};
+    s.sinks = true;
+    AttentionCase c(s);
+    DeviceCase d(c);
+    d.run(c, kSm90);
+    expect_oracle(c);
+    const testing::HostBytes first_out = c.out.bytes;
+    const std::vector<float> first_lse = c.lse;
+    for (int run = 1; run < 100; ++run) {
+      d.poison();
+      d.run(c, kSm90);
+      ASSERT_EQ(c.out.bytes, first_out) << "run " << run;
+      ASSERT_EQ(std::memcmp(c.lse.data(), first_lse.data(), c.lse.size() * sizeof(float)), 0)
+          << "lse, run " << run;
+    }
+  }
+}
+
+// `auto` does not pick cuda_sm90 yet (not measured faster everywhere it runs): cuda_mma
+// keeps the calls both serve.
+TEST(CudaSm90, AutoKeepsCudaMma) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (int64_t d : {64, 128}) {
+      Shape s = shape_of(dtype, 1, 256, 256, 2, 2, d);
+      s.causal = d == 64;
+      AttentionCase c(s);
+      DeviceCase dc(c);
+      EXPECT_EQ(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view, dc.options(c, kSm90)).backend, kSm90);
+      EXPECT_EQ(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view,
+                     dc.options(c, Backend::automatic)).backend,
+                Backend::cuda_mma)
+          << s.describe();
+    }
+}
+
+// What this step refuses, with the reason named, leaving out untouched; `auto` then runs
+// the call on cuda_mma.
+TEST(CudaSm90, RefusesWhatItDoesNotServeAndLeavesOutUntouched) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  struct Bad {
+    DType dtype;
+    int64_t head_dim;
+    float softcap;
+    bool alibi, misaligned;
+    const char* message;
+  };
+  const Bad bads[] = {
+      {DType::f32, 64, 0, false, false, "float16 and bfloat16; got float32"},
+      {DType::bf16, 96, 0, false, false, "head_dim 64 and 128 (step 4.1); got 96"},
+      {DType::bf16, 256, 0, false, false, "head_dim 64 and 128 (step 4.1); got 256"},
+      {DType::f16, 64, 10.0f, false, false, "does not yet support softcap or ALiBi"},
+      {DType::bf16, 128, 0, true, false, "does not yet support softcap or ALiBi"},
+      {DType::bf16, 64, 0, false, true, "q.data is not 16-byte aligned"},
+  };
+  for (const Bad& bad : bads) {
+    Shape s = shape_of(bad.dtype, 1, 40, 40, 2, 2, bad.head_dim);
+    s.softcap = bad.softcap;
+    s.alibi = bad.alibi;
+    AttentionCase c(s);
+    DeviceCase d(c);
+    TensorView q = d.q.view;
+    if (bad.misaligned) {  // q starts 2 bytes in: 39 rows fit behind it
+      q.data = static_cast<unsigned char*>(q.data) + 2;
+      q.shape[1] = 39;
+    }
+    TensorView out = d.out.view;
+    if (bad.misaligned) out.shape[1] = 39;
+    d.out.buffer.fill_bytes(0xFF);
+    try {
+      forward(q, d.k.view, d.v.view, out, d.options(c, kSm90));
+      ADD_FAILURE() << "cuda_sm90 accepted: " << bad.message;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::unsupported) << e.what();
+      EXPECT_NE(std::string(e.what()).find(bad.message), std::string::npos) << e.what();
+    }
+    std::vector<unsigned char> bytes(d.out.buffer.bytes());
+    d.out.buffer.copy_to_host(bytes.data(), bytes.size());
+    for (unsigned char byte : bytes) ASSERT_EQ(byte, 0xFF) << "out was written on error";
+    if (bad.dtype != DType::f32)  // what cuda_sm90 refuses, auto still serves (cuda_mma)
+      EXPECT_EQ(plan(q, d.k.view, d.v.view, out, d.options(c, Backend::automatic)).backend,
+                Backend::cuda_mma);
+  }
+}
+
+// Each tensor holds 2049·128·64·128 > 2^31 elements (4.3 GB in bf16): the last batch starts
+// at element 2^31, where 32-bit offsets would wrap. Batches 0 and 2048 get distinct random
+// data and are checked against the oracle; the others are zeros.
+TEST(CudaSm90, OffsetsBeyond2Pow31Elements) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  constexpr int64_t kBatch = 2049, kSeq = 128, kHeads = 64, kDim = 128;
+  static_assert(kBatch * kSeq * kHeads * kDim > (int64_t(1) << 31));
+  Shape s;
+  s.dtype = DType::bf16;
+  s.batch = 2;
+  s.seqlen_q = s.seqlen_k = kSeq;
+  s.heads_q = s.heads_kv = kHeads;
+  s.head_dim = kDim;
+  s.causal = true;
+  AttentionCase c(s);  // batch 0 -> device batch 0, batch 1 -> device batch kBatch-1
+
+  const size_t batch_bytes = kSeq * kHeads * kDim * 2;
+  const size_t total_bytes = kBatch * batch_bytes;
+  const size_t last = (kBatch - 1) * batch_bytes;
+  DeviceBuffer q(total_bytes), k(total_bytes), v(total_bytes), out(total_bytes);
+  for (auto [device, host] : {std::pair{&q, &c.q}, {&k, &c.k}, {&v, &c.v}}) {
+    device->fill_bytes(0);
+    auto* dst = static_cast<unsigned char*>(device->data());
+    ASSERT_EQ(cudaMemcpy(dst, host->bytes.data(), batch_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dst + last, host->bytes.data() + batch_bytes, batch_bytes,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  out.fill_bytes(0xFF);
+  const std::array<int64_t, 4> shape = {kBatch, kSeq, kHeads, kDim};
+  auto view = [&](DeviceBuffer& b) {
+    return TensorView::contiguous(b.data(), DType::bf16, Device::cuda(0), shape);
+  };
+  DeviceBuffer lse(kBatch * kHeads * kSeq * sizeof(float));
+  Options o;
+  o.backend = kSm90;
+  o.causal = true;
+  o.lse = static_cast<float*>(lse.data());
+  forward(view(q), view(k), view(v), view(out), o);
+  cuda_synchronize(0);
+
+  auto* out_bytes = static_cast<unsigned char*>(out.data());
+  ASSERT_EQ(cudaMemcpy(c.out.bytes.data(), out_bytes, batch_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(c.out.bytes.data() + batch_bytes, out_bytes + last, batch_bytes,
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  const size_t lse_batch = kHeads * kSeq;
+  auto* lse_floats = static_cast<float*>(lse.data());
+  ASSERT_EQ(cudaMemcpy(c.lse.data(), lse_floats, lse_batch * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(c.lse.data() + lse_batch, lse_floats + (kBatch - 1) * lse_batch,
+                       lse_batch * 4, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_TRUE(testing::matches_oracle(c));
+}
+
+}  // namespace
+}  // namespace flashtile
