@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One device call on the GPU machine: build, every GPU test, compute-sanitizer memcheck and
-# racecheck, `flashtile check` (10,000 random cases per backend and dtype, variants included),
-# the CLI's hardening reproducers, the default `flashtile bench`, the long-sequence run, the
-# variants' bench lines, and the Python tests. A full run takes about 10 minutes.
+# The GPU machine's run: build, every GPU suite, compute-sanitizer memcheck and racecheck,
+# `flashtile check` (10,000 random cases per backend and dtype, variants included), the CLI's
+# hardening reproducers, the default `flashtile bench`, the variants' performance lines,
+# cpu_flash on the host's cores, and the Python tests. Each step has a time limit (LIMIT).
 # Usage (from the repo root, with .device/ carried: see scripts/stage-device-deps.sh):
 #   scripts/gpu-check.sh [LOG_DIR]        # LOG_DIR defaults to ./gpu-check-logs
 # PHASE=tests runs the build, the C++ suites and the sanitizers; PHASE=rest the build (a
@@ -17,11 +17,11 @@ build=build-gpu
 deps=$PWD/.device/deps
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 status=0
-step() {  # step NAME COMMAND...: run, log to $logs/NAME.log, remember failures
+step() {  # step NAME COMMAND...: run (at most $LIMIT s), log to $logs/NAME.log, remember failures
   local name=$1; shift
   echo "=== $name: $*"
   local t0=$SECONDS
-  "$@" >"$logs/$name.log" 2>&1
+  timeout "${LIMIT:-600}" "$@" >"$logs/$name.log" 2>&1
   local rc=$?
   echo "    rc=$rc ($((SECONDS - t0)) s); tail:"; tail -n "${TAIL:-6}" "$logs/$name.log" | sed 's/^/    /'
   [ $rc -eq 0 ] || status=1
@@ -32,43 +32,73 @@ step() {  # step NAME COMMAND...: run, log to $logs/NAME.log, remember failures
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$logs/gpu.txt" 2>&1
 cat "$logs/gpu.txt"
-# One build for everything: the C++ suites, the CLI and the Python package laid out in
-# $build/python (FLASHTILE_BUILD_PYTHON), so the module is not compiled a second time by pip.
+# One build for everything: the C++ suites, the CLI, the cuda_mma harness and the Python
+# package laid out in $build/python (FLASHTILE_BUILD_PYTHON), so the module is not compiled a
+# second time by pip. On a warm machine (PHASE=rest after PHASE=tests) it is a no-op.
 step configure cmake -S . -B $build -G Ninja -DCMAKE_PREFIX_PATH="$deps" \
   -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" -DFLASHTILE_BUILD_PYTHON=ON \
+  -DFLASHTILE_BUILD_MMA_VARIANTS=ON -DFLASHTILE_BUILD_BENCHMARKS=OFF \
   -DPython_EXECUTABLE="$(command -v python3)" ${CMAKE_EXTRA:-} || exit 1
 step build ninja -C $build || exit 1
+F=$build/tools/flashtile
 phase=${PHASE:-all}
 if [ "$phase" != rest ]; then
-step cuda_tests $build/tests/flashtile_cuda_tests
-step cuda_mma_tests $build/tests/flashtile_cuda_mma_tests
-OMP_WAIT_POLICY=passive step cpu_tests $build/tests/flashtile_cpu_tests
-# Sanitizers on the small grids (FLASHTILE_SMALL_GRID drops the 1023/1025 lengths): every
-# variant, varlen, every head dim, the narrow (unaligned) path and the refusals.
-mma_subset="Dtypes/CudaMmaGrid.VariantsMatchOracle/bfloat16:Dtypes/CudaMmaGrid.VarlenMatchesOracle/bfloat16"
-mma_subset+=":CudaMma.EveryHeadDim*:CudaMma.Misaligned*:CudaMma.Refuses*:Dtypes/CudaMmaGrid.MatchesOracle/float16"
-for tool in memcheck racecheck; do
-  FLASHTILE_SMALL_GRID=1 step $tool compute-sanitizer --tool $tool --error-exitcode 1 \
-    $build/tests/flashtile_cuda_tests --gtest_filter="*MatchesOracle*:*Unsupported*"
-  FLASHTILE_SMALL_GRID=1 step ${tool}_mma compute-sanitizer --tool $tool --error-exitcode 1 \
-    $build/tests/flashtile_cuda_mma_tests --gtest_filter="$mma_subset"
-done
+  step cuda_tests $build/tests/flashtile_cuda_tests
+  step cuda_mma_tests $build/tests/flashtile_cuda_mma_tests
+  step cuda_sm90_tests $build/tests/flashtile_cuda_sm90_tests
+  # The CPU suites run in CI; here only when asked (the H200 host's 16 cores).
+  [ -n "${CPU_TESTS:-}" ] && OMP_WAIT_POLICY=passive step cpu_tests $build/tests/flashtile_cpu_tests
+  # Sanitizers on the small grids (FLASHTILE_SMALL_GRID drops the 1023/1025 lengths): every
+  # variant, varlen, every head dim, the narrow (unaligned) path, the non-finite rule and
+  # the refusals; racecheck on the kernels that share memory between warps.
+  mma_subset="Dtypes/CudaMmaGrid.VariantsMatchOracle/bfloat16:Dtypes/CudaMmaGrid.VarlenMatchesOracle/bfloat16"
+  mma_subset+=":CudaMma.EveryHeadDim*:CudaMma.Misaligned*:CudaMma.Refuses*:Dtypes/CudaMmaGrid.MatchesOracle/float16"
+  sm90_subset="Sm90Pieces.*:Dtypes/CudaSm90Grid.EveryPipelineMatchesOracle/bfloat16:CudaSm90.ScaleOfAnySign:CudaSm90.Refuses*"
+  LIMIT=${SAN_LIMIT:-90}
+  FLASHTILE_SMALL_GRID=1 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
+    $build/tests/flashtile_cuda_tests --gtest_filter="*MatchesOracle*:*Unsupported*:*NonFinite*"
+  for tool in memcheck racecheck; do
+    FLASHTILE_SMALL_GRID=1 step ${tool}_mma compute-sanitizer --tool $tool --error-exitcode 1 \
+      $build/tests/flashtile_cuda_mma_tests --gtest_filter="$mma_subset"
+    FLASHTILE_SMALL_GRID=1 step ${tool}_sm90 compute-sanitizer --tool $tool --error-exitcode 1 \
+      $build/tests/flashtile_cuda_sm90_tests --gtest_filter="$sm90_subset"
+  done
+  unset LIMIT
 fi
-[ "$phase" = tests ] && { echo "gpu-check (tests): $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)"; exit $status; }
-step check $build/tools/flashtile check --shapes "${CHECK_SHAPES:-10000}"
-step cli_hardening python3 tests/cli/test_hardening.py $build/tools/flashtile
-TAIL=12 step bench $build/tools/flashtile bench
-TAIL=12 step bench_long $build/tools/flashtile bench --seqlen 131072 --repeats 3 --warmup 1 \
-  --backends cpu_standard,cuda_naive,cuda_tiled
-# The variants' performance lines of issue 8 (16k, d=128, bf16): causal, window, softcap, ALiBi.
-for variant in "" "--window 1024,0" "--softcap 30" "--alibi"; do
-  TAIL=3 step "bench_variant${variant//[^a-z0-9]/_}" $build/tools/flashtile bench --dtype bf16 \
-    --seqlen 16384 --heads 16 --head-dim 128 --causal $variant --backends cuda_mma --repeats 10
+if [ "$phase" = tests ]; then
+  echo "gpu-check (tests): $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
+  exit $status
+fi
+# cuda_sm90 serves a third of the draws (head dims 64 and 128, no softcap or ALiBi, 16-bit):
+# its own, smaller run keeps the main one from drawing three times as many shapes.
+LIMIT=${CHECK_LIMIT:-300} step check $F check --shapes "${CHECK_SHAPES:-10000}" \
+  --backends cpu_reference,cpu_standard,cpu_flash,cuda_naive,cuda_tiled,cuda_mma
+LIMIT=${CHECK_LIMIT:-300} step check_sm90 $F check --shapes "${CHECK_SM90_SHAPES:-2000}" \
+  --backends cuda_sm90
+step cli_hardening python3 tests/cli/test_hardening.py $F
+TAIL=12 step bench $F bench
+# The performance lines of issue 8 (16k, d=128, bf16): causal, window, softcap, ALiBi, sinks,
+# on cuda_mma and (where it serves them) cuda_sm90, then the varlen batch through the API
+# beside its kernel and a dense batch of the same work (the cuda_mma harness), then
+# cpu_flash's window line and the write-up's case on the host's cores.
+for variant in "" "--window 1024,0" "--softcap 30" "--alibi" "--sinks"; do
+  TAIL=4 step "bench_variant${variant//[^a-z0-9]/_}" $F bench --dtype bf16 \
+    --seqlen 16384 --heads 16 --head-dim 128 --causal $variant --backends cuda_mma,cuda_sm90 \
+    --repeats 10
+done
+TAIL=40 LIMIT=200 step mma_variants $build/flashtile_mma_variants --csv "$logs/mma_variants.csv"
+for window in "" "--window 1024,0"; do
+  TAIL=3 step "cpu_flash_16k${window//[^a-z0-9]/_}" $F bench --backends cpu_flash --threads 1 \
+    --seqlen 16384 --heads 8 --head-dim 128 --causal $window --repeats 3 --warmup 1
+done
+for threads in 6 16; do
+  TAIL=3 step "cpu_flash_writeup_t$threads" $F bench --backends cpu_flash,cpu_standard \
+    --threads $threads --seqlen 1024 --head-dim 64 --repeats 20
 done
 if [ -z "${SKIP_PYTHON:-}" ]; then
-  # The package from the build above, against the image's torch/transformers.
-  for f in tests/python/test_*.py; do  # one process per file: a crash cannot hide the rest
-    PYTHONPATH=$PWD/$build/python step "pytest_$(basename "$f" .py)" \
+  # The package from the build above, against the image's torch/transformers/JAX.
+  for f in ${PYTHON_TESTS:-tests/python/test_*.py}; do  # one process per file
+    LIMIT=${PYTEST_LIMIT:-150} PYTHONPATH=$PWD/$build/python step "pytest_$(basename "$f" .py)" \
       python3 -m pytest "$f" -q -rs -p no:cacheprovider
   done
 fi

@@ -54,7 +54,7 @@ FT_HOST_DEVICE KeyBlocks<Int> key_blocks(const Mask<Int>& mask, Int row_begin, I
 // more keys the later they are unless only the window's left side is bounded (then the
 // first rows see the most); with full attention the first rows are the lightest anyway.
 FT_HOST_DEVICE int heaviest_first_block(int64_t window_left, int64_t window_right, int x,
-                                               int blocks) {
+                                        int blocks) {
   const bool first_rows_heaviest = window_left >= 0 && window_right < 0;
   return first_rows_heaviest ? x : blocks - 1 - x;
 }

@@ -136,16 +136,6 @@ struct SwizzledPairs {
   }
 };
 
-// The query block CTA x of `blocks` computes. CTAs start in order of x, so the heaviest
-// blocks go first and the light ones fill the tail. Rows see more keys the later they are
-// when only the window's left side is unbounded (causal); only with the left side bounded
-// and the right one open do the first rows see most. Otherwise (full attention, both sides
-// bounded) work is flat but for the lighter edges, and the first rows are the lightest.
-__device__ __forceinline__ int heaviest_first_block(const AttentionParams& p, int x, int blocks) {
-  const bool first_rows_heaviest = p.window_left >= 0 && p.window_right < 0;
-  return first_rows_heaviest ? x : blocks - 1 - x;
-}
-
 // The narrow path's one transformed kernel: softcap and ALiBi read at run time through
 // LogitsTransform::operator() (precise tanh). The fallback layouts trade speed for half the
 // instantiations; the aligned path has one kernel per LogitsFlags.
@@ -187,7 +177,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Where sequence b lives and how long it is (dense or varlen); the grid covers the
   // longest sequence, so blocks past this one's end have nothing to do.
   const SeqlenInfo<int> seq(p, b);
-  const int row_start = heaviest_first_block(p, blockIdx.x, gridDim.x) * kBlockM;
+  const int row_start =
+      heaviest_first_block(p.window_left, p.window_right, blockIdx.x, gridDim.x) * kBlockM;
   if (row_start >= seq.seqlen_q) return;
   const Mask<int> mask = seq.mask(p);
   // Key tiles some row of this block sees, and those every row sees whole (no mask);
