@@ -179,7 +179,8 @@ TEST(CudaBackends, NonFiniteValuesFollowTheRule) {
           continue;  // a journey step and a variant
         }
         d.run(c, o);
-        EXPECT_TRUE(testing::matches_nonfinite_oracle(c, testing::nonfinite_tolerance(dtype), nf.expect_nan))
+        EXPECT_TRUE(testing::matches_nonfinite_oracle(c, testing::nonfinite_tolerance(dtype), nf.expect_nan,
+                                                      nf.spreading_v_channel))
             << backend_name(b) << " " << dtype_name(dtype) << " " << nf.name;
         ++ran;
       }
@@ -192,13 +193,15 @@ TEST(CudaBackends, NonFiniteValuesFollowTheRule) {
 TEST(CudaThreads, EightThreadsOnFourStreamsMatchSerialBitwise) {
   FLASHTILE_SKIP_WITHOUT_CUDA();
   constexpr int kThreads = 8, kStreams = 4;
-  std::vector<Backend> backends;
+  std::vector<std::pair<Backend, DType>> runs;  // every backend in each dtype it serves
   for (DType dtype : {DType::f32, DType::bf16})
-    for (Backend b : cuda_backends_for(dtype)) backends.push_back(b);
+    for (Backend b : cuda_backends_for(dtype)) runs.emplace_back(b, dtype);
   std::vector<cudaStream_t> streams(kStreams);
   for (cudaStream_t& st : streams) ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
   int tested = 0;
-  for (Backend backend : backends) {
+  for (const auto& run : runs) {
+    const Backend backend = run.first;
+    const DType dtype = run.second;
     // Varlen batches in a quarter of the threads, where the backend takes them.
     std::vector<AttentionCase> cases;
     std::vector<DeviceCase> device;
@@ -211,7 +214,7 @@ TEST(CudaThreads, EightThreadsOnFourStreamsMatchSerialBitwise) {
         s.batch = 1 + t % 2, s.heads_q = 4, s.heads_kv = 2, s.head_dim = 64;
         s.seqlen_q = 100 + 37 * t, s.seqlen_k = 130 + 29 * t;
         s.causal = t % 2 == 1;
-        s.dtype = backend == Backend::cuda_mma ? DType::bf16 : DType::f32;
+        s.dtype = dtype;
         if (with_varlen && t % 4 == 3) s.varlen_q = {17, 1, 90 + t}, s.varlen_k = {40, 0, 70 + t};
         cases.emplace_back(s, 300 + t);
       }
@@ -250,7 +253,7 @@ TEST(CudaThreads, EightThreadsOnFourStreamsMatchSerialBitwise) {
     ++tested;
   }
   for (cudaStream_t st : streams) cudaStreamDestroy(st);
-  EXPECT_GE(tested, 2);  // cuda_tiled (fp32) and cuda_mma (bf16) at least
+  EXPECT_GE(tested, 3);  // cuda_naive, cuda_tiled (fp32) and cuda_mma (bf16) at least
 }
 
 }  // namespace
