@@ -91,7 +91,7 @@ def run_flashtile(args):
     for dtype in args.dtype:
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "flashtile.json")
-            cmd = [args.cli, "bench", "--sweep", "--dtype", dtype, "--backends", args.backend,
+            cmd = [args.cli, "bench", "--sweep", "--dtype", dtype, "--backends", ",".join(args.backends),
                    "--sweep-head-dims", ",".join(map(str, args.head_dims)),
                    "--sweep-seqlens", ",".join(map(str, args.seqlens)),
                    "--sweep-causal", ",".join("1" if c else "0" for c in args.causal),
@@ -112,23 +112,34 @@ def run_flashtile(args):
 
 
 def ratio_table(rows, ours):
+    """One row per grid point: every flashtile backend in `ours` and the peers, TFLOP/s, and
+    each backend's ratio to FlashAttention-2 and cuDNN."""
     index = {(r["impl"], r["dtype"], r["head_dim"], r["causal"], r["seqlen"]): r for r in rows}
     keys = sorted({(r["dtype"], r["head_dim"], r["causal"], r["seqlen"]) for r in rows})
-    lines = [f"{'dtype':5s} {'d':>3s} {'causal':6s} {'seqlen':>6s} | {'flashtile':>9s} {'flash':>7s} "
-             f"{'cudnn':>7s} {'effic':>7s} | {'/flash':>6s} {'/cudnn':>6s}   (TFLOP/s)"]
+    names = [o.split(":", 1)[1] for o in ours]
+    fmt = lambda x, w, p=1: f"{x:{w}.{p}f}" if x is not None else " " * (w - 1) + "-"
+    lines = [f"{'dtype':5s} {'d':>3s} {'causal':6s} {'seqlen':>6s} | "
+             + " ".join(f"{n:>9s}" for n in names)
+             + f" {'flash':>7s} {'cudnn':>7s} {'effic':>7s} | "
+             + " ".join(f"{n[-4:] + '/fa':>7s} {n[-4:] + '/cd':>7s}" for n in names) + "   (TFLOP/s)"]
     table = []
     for key in keys:
         get = lambda impl: index.get((impl,) + key, {}).get("tflops")
-        ft, fa, cd, ef = get(ours), get("flash"), get("cudnn"), get("efficient")
-        r_fa = ft / fa if ft and fa else None
-        r_cd = ft / cd if ft and cd else None
-        table.append(dict(dtype=key[0], head_dim=key[1], causal=key[2], seqlen=key[3],
-                          flashtile=ft, flash=fa, cudnn=cd, efficient=ef, vs_flash=r_fa,
-                          vs_cudnn=r_cd))
-        fmt = lambda x, w, p=1: f"{x:{w}.{p}f}" if x is not None else " " * (w - 1) + "-"
+        fa, cd, ef = get("flash"), get("cudnn"), get("efficient")
+        row = dict(dtype=key[0], head_dim=key[1], causal=key[2], seqlen=key[3], flash=fa,
+                   cudnn=cd, efficient=ef)
+        ratios = []
+        for impl, name in zip(ours, names):
+            ft = get(impl)
+            row[name] = ft
+            row[name + "_vs_flash"] = ft / fa if ft and fa else None
+            row[name + "_vs_cudnn"] = ft / cd if ft and cd else None
+            ratios += [row[name + "_vs_flash"], row[name + "_vs_cudnn"]]
+        table.append(row)
         lines.append(f"{key[0]:5s} {key[1]:3d} {'yes' if key[2] else 'no':6s} {key[3]:6d} | "
-                     f"{fmt(ft, 9)} {fmt(fa, 7)} {fmt(cd, 7)} {fmt(ef, 7)} | "
-                     f"{fmt(r_fa, 6, 2)} {fmt(r_cd, 6, 2)}")
+                     + " ".join(fmt(row[n], 9) for n in names)
+                     + f" {fmt(fa, 7)} {fmt(cd, 7)} {fmt(ef, 7)} | "
+                     + " ".join(fmt(r, 7, 2) for r in ratios))
     return "\n".join(lines), table
 
 
@@ -141,7 +152,8 @@ def main():
     p.add_argument("--causal", type=lambda s: [bool(int(x)) for x in s.split(",")],
                    default=[False, True])
     p.add_argument("--peers", type=lambda s: s.split(","), default=list(PEERS))
-    p.add_argument("--backend", default="cuda_mma")
+    p.add_argument("--backends", type=lambda s: s.split(","), default=["cuda_mma"],
+                   help="flashtile backends to time beside the peers, comma-separated")
     p.add_argument("--cli", default="build/tools/flashtile",
                    help="path of the flashtile CLI (uses `bench --sweep`)")
     p.add_argument("--warmup-ms", type=float, default=25)
@@ -154,7 +166,7 @@ def main():
                cuda=torch.version.cuda)
     print(f"device {env['device']}, torch {env['torch']}, CUDA {env['cuda']}", file=sys.stderr)
     rows = run_peers(args) + run_flashtile(args)
-    text, table = ratio_table(rows, "flashtile:" + args.backend)
+    text, table = ratio_table(rows, ["flashtile:" + b for b in args.backends])
     with open(os.path.join(args.out, "peers.json"), "w") as f:
         json.dump(dict(env=env, rows=rows, ratios=table), f, indent=1)
     with open(os.path.join(args.out, "peers.csv"), "w", newline="") as f:

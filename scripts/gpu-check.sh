@@ -6,8 +6,9 @@
 # Usage (from the repo root, with .device/ carried: see scripts/stage-device-deps.sh):
 #   scripts/gpu-check.sh [LOG_DIR]        # LOG_DIR defaults to ./gpu-check-logs
 # PHASE=tests runs the build, the C++ suites and the sanitizers; PHASE=rest the build (a
-# no-op on a warm machine) and everything after them, so that two calls of under 10
-# minutes each cover it all; the default runs both.
+# no-op on a warm machine) and the groups REST names (check cli lines harness cpu python
+# peers, default all), so that calls of under 10 minutes each cover it all; the default
+# runs everything.
 # Under the device tool ($OUT set) the logs also come back as $OUT/gpu-check-logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -69,38 +70,57 @@ if [ "$phase" = tests ]; then
   echo "gpu-check (tests): $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
   exit $status
 fi
-# cuda_sm90 serves a third of the draws (head dims 64 and 128, no softcap or ALiBi, 16-bit):
-# its own, smaller run keeps the main one from drawing three times as many shapes.
-LIMIT=${CHECK_LIMIT:-300} step check $F check --shapes "${CHECK_SHAPES:-10000}" \
-  --backends cpu_reference,cpu_standard,cpu_flash,cuda_naive,cuda_tiled,cuda_mma
-LIMIT=${CHECK_LIMIT:-300} step check_sm90 $F check --shapes "${CHECK_SM90_SHAPES:-2000}" \
-  --backends cuda_sm90
-step cli_hardening python3 tests/cli/test_hardening.py $F
-TAIL=12 step bench $F bench
-# The performance lines of issue 8 (16k, d=128, bf16): causal, window, softcap, ALiBi, sinks,
-# on cuda_mma and (where it serves them) cuda_sm90, then the varlen batch through the API
-# beside its kernel and a dense batch of the same work (the cuda_mma harness), then
-# cpu_flash's window line and the write-up's case on the host's cores.
-for variant in "" "--window 1024,0" "--softcap 30" "--alibi" "--sinks"; do
-  TAIL=4 step "bench_variant${variant//[^a-z0-9]/_}" $F bench --dtype bf16 \
-    --seqlen 16384 --heads 16 --head-dim 128 --causal $variant --backends cuda_mma,cuda_sm90 \
-    --repeats 10
-done
-TAIL=40 LIMIT=200 step mma_variants $build/flashtile_mma_variants --csv "$logs/mma_variants.csv"
-for window in "" "--window 1024,0"; do
-  TAIL=3 step "cpu_flash_16k${window//[^a-z0-9]/_}" $F bench --backends cpu_flash --threads 1 \
-    --seqlen 16384 --heads 8 --head-dim 128 --causal $window --repeats 3 --warmup 1
-done
-for threads in 6 16; do
-  TAIL=3 step "cpu_flash_writeup_t$threads" $F bench --backends cpu_flash,cpu_standard \
-    --threads $threads --seqlen 1024 --head-dim 64 --repeats 20
-done
-if [ -z "${SKIP_PYTHON:-}" ]; then
+# The rest, in groups (REST names which, in order; default all of them).
+want() { case " ${REST:-check cli lines harness cpu python peers} " in *" $1 "*) return 0;; esac; return 1; }
+if want check; then
+  # cuda_sm90 serves a third of the draws (head dims 64 and 128, no softcap or ALiBi,
+  # 16-bit): its own, smaller run keeps the main one from drawing three times as many shapes.
+  LIMIT=${CHECK_LIMIT:-300} step check $F check --shapes "${CHECK_SHAPES:-10000}" \
+    --backends cpu_reference,cpu_standard,cpu_flash,cuda_naive,cuda_tiled,cuda_mma
+  LIMIT=${CHECK_LIMIT:-300} step check_sm90 $F check --shapes "${CHECK_SM90_SHAPES:-2000}" \
+    --backends cuda_sm90
+fi
+if want cli; then
+  step cli_hardening python3 tests/cli/test_hardening.py $F
+  TAIL=12 step bench $F bench
+fi
+if want lines; then
+  # The performance lines of issue 8 (16k, d=128, bf16): causal, window, softcap, ALiBi,
+  # sinks, on cuda_mma and (where it serves them) cuda_sm90.
+  for variant in "" "--window 1024,0" "--softcap 30" "--alibi" "--sinks"; do
+    TAIL=4 step "bench_variant${variant//[^a-z0-9]/_}" $F bench --dtype bf16 \
+      --seqlen 16384 --heads 16 --head-dim 128 --causal $variant \
+      --backends cuda_mma,cuda_sm90 --repeats 10
+  done
+fi
+if want harness; then
+  # The cuda_mma harness: the dense grid, the variants, the varlen batch through the API
+  # beside its kernel and a dense batch of the same work.
+  TAIL=40 LIMIT=200 step mma_variants $build/flashtile_mma_variants --csv "$logs/mma_variants.csv"
+fi
+if want cpu; then
+  # cpu_flash on the host's cores: the window line at one thread, the write-up's case.
+  for window in "" "--window 1024,0"; do
+    TAIL=3 step "cpu_flash_16k${window//[^a-z0-9]/_}" $F bench --backends cpu_flash \
+      --threads 1 --seqlen 16384 --heads 8 --head-dim 128 --causal $window --repeats 3 --warmup 1
+  done
+  for threads in 6 16; do
+    TAIL=3 step "cpu_flash_writeup_t$threads" $F bench --backends cpu_flash,cpu_standard \
+      --threads $threads --seqlen 1024 --head-dim 64 --repeats 20
+  done
+fi
+if want python && [ -z "${SKIP_PYTHON:-}" ]; then
   # The package from the build above, against the image's torch/transformers/JAX.
   for f in ${PYTHON_TESTS:-tests/python/test_*.py}; do  # one process per file
     LIMIT=${PYTEST_LIMIT:-150} PYTHONPATH=$PWD/$build/python step "pytest_$(basename "$f" .py)" \
       python3 -m pytest "$f" -q -rs -p no:cacheprovider
   done
+fi
+if want peers; then
+  # PyTorch's FlashAttention-2 and cuDNN beside cuda_mma and cuda_sm90, one run.
+  TAIL=45 LIMIT=${PEERS_LIMIT:-300} PYTHONUNBUFFERED=1 step peers python3 bench/peers.py --cli $F \
+    --backends cuda_mma,cuda_sm90 --dtype "${PEERS_DTYPES:-bf16}" --peers flash,cudnn \
+    --out "$logs/peers"
 fi
 echo "gpu-check: $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
 exit $status
