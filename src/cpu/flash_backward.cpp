@@ -1,7 +1,8 @@
 // cpu_flash's backward pass: FlashAttention-2's algorithm tiled for the CPU, in O(N·d)
-// memory. P is never stored: each (query row, key block) recomputes it from the saved LSE,
-//   P_ij = exp(S_ij - lse_i),  dP_ij = dO_i·v_j,  dS_ij = P_ij (dP_ij - D_i),
-// with D_i = dO_i·O_i from a pre-pass, and the softcap's chain rule on dS (docs/BACKWARD.md).
+// memory. P is never stored: each (query block, key block) pair recomputes it from the
+// saved LSE,
+//   P = exp(S - lse),  dP = dO·Vᵀ,  dS = P∘(dP - D)∘∂c/∂(q·k),
+// with D = rowsum(dO∘O) from a pre-pass and the softcap's chain rule (docs/BACKWARD.md).
 //
 // Three passes, each parallel with OpenMP over work that owns its outputs, so no atomics
 // and no reduction whose order depends on the threads: the gradients are bitwise the same
@@ -10,16 +11,18 @@
 //   1. D: one task per block of query rows.
 //   2. dK, dV: one task per (sequence, kv head, key block). It walks the query heads of its
 //      group and the query blocks that see its keys (key_blocks() of each query block says
-//      which, and where the mask is needed), accumulating dK and dV of its keys in fp32.
-//   3. dQ: one task per (sequence, query head, query block), over the key blocks the block
-//      visits, dQ accumulated in fp32 per task (the fp32 dQ accumulators); the sinks'
-//      gradient per task, summed afterwards in task order.
+//      which, and whether the mask is needed), accumulating dV += Pᵀ·dO and dK += dSᵀ·Q in
+//      fp32.
+//   3. dQ: one task per (sequence, query head, query block), over the key blocks it
+//      visits, dQ += dS·K in an fp32 accumulator per task (the fp32 dQ accumulators); the
+//      sinks' gradient per task, summed afterwards in task order.
 // Pass 3 recomputes S and dP a second time (7 block products per pair instead of FA2's 5):
 // the price of a dQ without atomics on the CPU.
 //
-// The products are plain loops over contiguous fp32 tiles (K and V transposed so that the
-// score loop runs over keys), vectorised by the compiler; f16/bf16 are converted to fp32
-// once per tile. Every mask bound, offset and LSE index comes from src/attn/.
+// Tiles are fp32 (f16/bf16 converted once per tile load), K and V also transposed so that
+// every block product is a plain row-major matrix product; the products and the
+// element-wise steps are Highway SIMD kernels (flash_backward_kernels-inl.hpp, one copy per
+// target, chosen at run time). Every mask bound, offset and LSE index comes from src/attn/.
 #include "cpu/flash_backward.hpp"
 
 #include <omp.h>
@@ -36,6 +39,7 @@
 #include "common/numeric.hpp"
 
 namespace flashtile::detail::cpu_flash_backward {
+#if FLASHTILE_WITH_HWY
 namespace {
 
 using Seqlen = SeqlenInfo<int64_t>;
@@ -43,6 +47,8 @@ using Seqlen = SeqlenInfo<int64_t>;
 // Query rows per dQ task and keys per dK/dV task (and per step of either pass).
 constexpr int64_t kBlockM = 64;
 constexpr int64_t kBlockN = 64;
+// The SIMD kernels take tile rows of whole vectors: up to 16 floats (AVX-512).
+static_assert(kBlockN % 16 == 0, "a key block must be whole vectors on every target");
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // n values of `dtype` from element `offset` of `data` into dst as fp32.
@@ -57,71 +63,113 @@ void store_row(void* data, DType dtype, int64_t offset, int64_t n, const float* 
   for (int64_t c = 0; c < n; ++c) store_from_float(data, dtype, offset + c, src[c]);
 }
 
-// One key block in fp32: K row-major (for dQ += dS·K), Kᵀ and Vᵀ (for S = q·Kᵀ, dP = dO·Vᵀ).
-struct KeyTile {
-  int64_t first = 0, keys = 0;  // keys [first, first + keys) of the sequence
-  std::vector<float> k;         // [kBlockN × d]
-  std::vector<float> k_t, v_t;  // [d × kBlockN]
+// The per-thread tiles of one (query block, key block) product, fp32; dp = head_dim rounded
+// up to whole vectors, zero-padded. Rows past a block's end are zero too.
+struct Tiles {
+  int64_t d, dp;
+  std::vector<float> q, dout;       // [kBlockM × dp]: the query block's rows
+  std::vector<float> lse, row_sums;  // [kBlockM]: +inf for rows that see nothing (P = 0)
+  std::vector<float> k;             // [kBlockN × dp]: the key block, row-major
+  std::vector<float> k_t, v_t;      // [d × kBlockN]: Kᵀ and Vᵀ
+  std::vector<float> s, ds, chain;  // [kBlockM × kBlockN]: S then P; dP then dS; ∂c/∂(q·k)
+  std::vector<float> p_t, ds_t;     // [kBlockN × kBlockM]: Pᵀ and dSᵀ
+  std::vector<float> acc_a, acc_b;  // [max(kBlockM, kBlockN) × dp]: dK and dV, or dQ
+  int64_t rows = 0, keys = 0;       // valid rows and keys of the loaded blocks
+  int64_t first_row = 0, first_key = 0;
 
-  explicit KeyTile(int64_t d)
-      : k(size_t(kBlockN * d)), k_t(static_cast<size_t>(d * kBlockN)), v_t(static_cast<size_t>(d * kBlockN)) {}
+  Tiles(int64_t head_dim, int64_t lanes) : d(head_dim), dp(ceil_div(head_dim, lanes) * lanes) {
+    auto sized = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.0f); };
+    q = sized(kBlockM * dp);
+    dout = sized(kBlockM * dp);
+    lse = sized(kBlockM);
+    row_sums = sized(kBlockM);
+    k = sized(kBlockN * dp);
+    k_t = sized(d * kBlockN);
+    v_t = sized(d * kBlockN);
+    s = sized(kBlockM * kBlockN);
+    ds = sized(kBlockM * kBlockN);
+    chain = sized(kBlockM * kBlockN);
+    p_t = sized(kBlockN * kBlockM);
+    ds_t = sized(kBlockN * kBlockM);
+    acc_a = sized(std::max(kBlockM, kBlockN) * dp);
+    acc_b = sized(std::max(kBlockM, kBlockN) * dp);
+  }
+  static int64_t floats(int64_t head_dim, int64_t lanes) {
+    const int64_t dp = ceil_div(head_dim, lanes) * lanes;
+    return 2 * kBlockM * dp + 2 * kBlockM + kBlockN * dp + 2 * head_dim * kBlockN +
+           5 * kBlockM * kBlockN + 2 * std::max(kBlockM, kBlockN) * dp;
+  }
 
-  void load(const AttentionParams& p, int64_t b, int64_t hk, const Seqlen& seq, int64_t block,
-            std::vector<float>& row) {
-    const int64_t d = p.head_dim;
-    first = block * kBlockN;
-    keys = std::min(kBlockN, seq.seqlen_k - first);
+  // Query block qb of head h: q, dO, the LSE and D of its rows.
+  void load_queries(const BackwardParams& bp, const std::vector<float>& all_row_sums,
+                    const Seqlen& seq, int64_t b, int64_t h, int64_t qb) {
+    const AttentionParams& p = bp.fwd;
+    first_row = qb * kBlockM;
+    rows = std::min(kBlockM, seq.seqlen_q - first_row);
+    std::fill(q.begin(), q.end(), 0.0f);
+    std::fill(dout.begin(), dout.end(), 0.0f);
+    for (int64_t r = 0; r < kBlockM; ++r) {
+      if (r >= rows) {
+        lse[r] = std::numeric_limits<float>::infinity();
+        row_sums[r] = 0.0f;
+        continue;
+      }
+      const int64_t i = first_row + r;
+      load_row(p.q, p.dtype, seq.q_offset(p, b, i, h), d, &q[r * dp]);
+      load_row(bp.dout, p.dtype, seq.row_offset_q(bp.dout_strides, b, i, h), d, &dout[r * dp]);
+      const float l = p.lse[seq.lse_index(p, b, h, i)];
+      lse[r] = l == kNegInf ? std::numeric_limits<float>::infinity() : l;
+      row_sums[r] = all_row_sums[size_t(seq.lse_index(p, b, h, i))];
+    }
+  }
+
+  // Key block kb of kv head hk: K, Kᵀ, Vᵀ.
+  void load_keys(const AttentionParams& p, const Seqlen& seq, int64_t b, int64_t hk, int64_t kb) {
+    first_key = kb * kBlockN;
+    keys = std::min(kBlockN, seq.seqlen_k - first_key);
+    std::fill(k.begin(), k.end(), 0.0f);
+    std::fill(k_t.begin(), k_t.end(), 0.0f);
+    std::fill(v_t.begin(), v_t.end(), 0.0f);
+    float* v_row = acc_b.data();  // scratch for one row; the accumulators are zeroed after
     for (int64_t j = 0; j < keys; ++j) {
-      load_row(p.k, p.dtype, seq.k_offset(p, b, first + j, hk), d, &k[j * d]);
-      for (int64_t c = 0; c < d; ++c) k_t[c * kBlockN + j] = k[j * d + c];
-      load_row(p.v, p.dtype, seq.v_offset(p, b, first + j, hk), d, row.data());
-      for (int64_t c = 0; c < d; ++c) v_t[c * kBlockN + j] = row[c];
+      load_row(p.k, p.dtype, seq.k_offset(p, b, first_key + j, hk), d, &k[j * dp]);
+      load_row(p.v, p.dtype, seq.v_offset(p, b, first_key + j, hk), d, v_row);
+      for (int64_t c = 0; c < d; ++c) {
+        k_t[c * kBlockN + j] = k[j * dp + c];
+        v_t[c * kBlockN + j] = v_row[c];
+      }
     }
   }
 };
 
-// One query row of one head against one key tile: P and dS (already through the softcap's
-// chain rule, so that dQ += dS·K and dK += dS·q) over the tile's keys, 0 where masked.
+// P (in s) and dS (in ds) of the loaded query and key blocks: S = Q·Kᵀ and dP = dO·Vᵀ, the
+// logits of the variant (softcap lane-wise, ALiBi and the mask through the shared core),
+// then P = exp(S - lse) and dS = P∘(dP - D)∘∂c/∂(q·k). Masked and padding entries get P = 0.
 template <class Flags>
-void row_gradients(const AttentionParams& p, const Mask<int64_t>& mask,
-                   const LogitsTransform<float>& logits, const KeyTile& tile, bool needs_mask,
-                   int64_t i, const float* q_row, const float* do_row, float lse, float row_sum,
-                   float* prob, float* dscore) {
-  const int64_t d = p.head_dim, n = tile.keys;
-  // prob <- q·Kᵀ and dscore <- dO·Vᵀ, both over the keys (contiguous in the tiles).
-  std::fill_n(prob, kBlockN, 0.0f);
-  std::fill_n(dscore, kBlockN, 0.0f);
-  for (int64_t c = 0; c < d; ++c) {
-    const float qc = q_row[c], dc = do_row[c];
-    const float* kc = &tile.k_t[c * kBlockN];
-    const float* vc = &tile.v_t[c * kBlockN];
-#pragma omp simd
-    for (int64_t j = 0; j < kBlockN; ++j) {
-      prob[j] += qc * kc[j];
-      dscore[j] += dc * vc[j];
-    }
+void block_gradients(const Kernels& kern, const AttentionParams& p, const Mask<int64_t>& mask,
+                     const LogitsTransform<float>& logits, bool needs_mask, Tiles& t) {
+  const int64_t m = t.rows;
+  kern.gemm(t.q.data(), t.dp, t.k_t.data(), kBlockN, t.s.data(), kBlockN, m, kBlockN, p.head_dim,
+            false);
+  kern.gemm(t.dout.data(), t.dp, t.v_t.data(), kBlockN, t.ds.data(), kBlockN, m, kBlockN,
+            p.head_dim, false);
+  if constexpr (Flags::kSoftcap)
+    kern.softcap(t.s.data(), t.chain.data(), kBlockN, m, kBlockN, logits.scale, logits.softcap,
+                 logits.capped_scale);
+  for (int64_t r = 0; r < m; ++r) {
+    float* row = &t.s[r * kBlockN];
+    const int64_t i = t.first_row + r;
+    if constexpr (!Flags::kSoftcap)
+      for (int64_t j = 0; j < t.keys; ++j) row[j] = logits.scaled<false>(row[j]);
+    if constexpr (Flags::kAlibi)
+      for (int64_t j = 0; j < t.keys; ++j) row[j] += logits.alibi_bias(mask, i, t.first_key + j);
+    if (needs_mask)
+      for (int64_t j = 0; j < t.keys; ++j)
+        if (!mask.visible(i, t.first_key + j)) row[j] = kNegInf;
+    for (int64_t j = t.keys; j < kBlockN; ++j) row[j] = kNegInf;
   }
-  for (int64_t j = 0; j < n; ++j) {
-    const int64_t key = tile.first + j;
-    const float capped = logits.scaled<Flags::kSoftcap>(prob[j]);
-    float s = capped;
-    if constexpr (Flags::kAlibi) s += logits.alibi_bias(mask, i, key);
-    const float pr = (needs_mask && !mask.visible(i, key)) ? 0.0f : std::exp(s - lse);
-    prob[j] = pr;
-    dscore[j] = pr * (dscore[j] - row_sum) * logits.scaled_derivative<Flags::kSoftcap>(capped);
-  }
-  for (int64_t j = n; j < kBlockN; ++j) prob[j] = dscore[j] = 0.0f;
-}
-
-// acc[j][:] += w[j] · x[:] for the tile's keys (rank-1 updates of dK and dV).
-void add_outer(float* acc, const float* w, const float* x, int64_t keys, int64_t d) {
-  for (int64_t j = 0; j < keys; ++j) {
-    const float wj = w[j];
-    if (wj == 0.0f) continue;  // masked keys; skipping a +0 leaves the sum bitwise the same
-    float* a = acc + j * d;
-#pragma omp simd
-    for (int64_t c = 0; c < d; ++c) a[c] += wj * x[c];
-  }
+  kern.probabilities(t.s.data(), t.ds.data(), Flags::kSoftcap ? t.chain.data() : nullptr, kBlockN,
+                     m, kBlockN, t.lse.data(), t.row_sums.data(), logits.scale);
 }
 
 struct Workspace {
@@ -174,87 +222,71 @@ void zero_key_gradients(const BackwardParams& bp) {
 
 // Pass 2: dK and dV of one key block of one (sequence, kv head).
 template <class Flags>
-void key_block_task(const BackwardParams& bp, const std::vector<float>& row_sums, int64_t b,
-                    int64_t hk, int64_t kb) {
+void key_block_task(const Kernels& kern, const BackwardParams& bp,
+                    const std::vector<float>& row_sums, int64_t b, int64_t hk, int64_t kb,
+                    Tiles& t) {
   const AttentionParams& p = bp.fwd;
-  const int64_t d = p.head_dim;
   const Seqlen seq(p, b);
   const Mask<int64_t> mask = seq.mask(p);
-  std::vector<float> row(static_cast<size_t>(d)), q_row(static_cast<size_t>(d)), do_row(static_cast<size_t>(d));
-  std::vector<float> prob(kBlockN), dscore(kBlockN);
-  std::vector<float> dk_acc(size_t(kBlockN * d), 0.0f), dv_acc(size_t(kBlockN * d), 0.0f);
-  KeyTile tile(d);
-  tile.load(p, b, hk, seq, kb, row);
+  t.load_keys(p, seq, b, hk, kb);
+  float* dk_acc = t.acc_a.data();  // [kBlockN × dp]
+  float* dv_acc = t.acc_b.data();  // [kBlockN × dp]
+  std::fill(t.acc_a.begin(), t.acc_a.end(), 0.0f);
+  std::fill(t.acc_b.begin(), t.acc_b.end(), 0.0f);
   for (int64_t h = hk * p.heads_per_kv(); h < (hk + 1) * p.heads_per_kv(); ++h) {
     const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
     for (int64_t qb = 0; qb < blocks_of(seq.seqlen_q, kBlockM); ++qb) {
       const int64_t i0 = qb * kBlockM, i1 = std::min(seq.seqlen_q, i0 + kBlockM);
       const KeyBlocks<int64_t> blocks = key_blocks(mask, i0, i1, kBlockN);
       if (kb < blocks.begin || kb >= blocks.end) continue;  // no row of this block sees these keys
-      const bool needs_mask = blocks.needs_mask(kb);
-      for (int64_t i = i0; i < i1; ++i) {
-        const float lse = p.lse[seq.lse_index(p, b, h, i)];
-        if (lse == kNegInf) continue;  // a row that sees nothing has P = 0
-        load_row(p.q, p.dtype, seq.q_offset(p, b, i, h), d, q_row.data());
-        load_row(bp.dout, p.dtype, seq.row_offset_q(bp.dout_strides, b, i, h), d, do_row.data());
-        row_gradients<Flags>(p, mask, logits, tile, needs_mask, i, q_row.data(), do_row.data(), lse,
-                             row_sums[size_t(seq.lse_index(p, b, h, i))], prob.data(), dscore.data());
-        add_outer(dv_acc.data(), prob.data(), do_row.data(), tile.keys, d);
-        add_outer(dk_acc.data(), dscore.data(), q_row.data(), tile.keys, d);
-      }
+      t.load_queries(bp, row_sums, seq, b, h, qb);
+      block_gradients<Flags>(kern, p, mask, logits, blocks.needs_mask(kb), t);
+      for (int64_t r = 0; r < t.rows; ++r)
+        for (int64_t j = 0; j < kBlockN; ++j) {
+          t.p_t[j * kBlockM + r] = t.s[r * kBlockN + j];
+          t.ds_t[j * kBlockM + r] = t.ds[r * kBlockN + j];
+        }
+      // dV += Pᵀ·dO and dK += dSᵀ·Q over the block's rows.
+      kern.gemm(t.p_t.data(), kBlockM, t.dout.data(), t.dp, dv_acc, t.dp, t.keys, t.dp, t.rows,
+                true);
+      kern.gemm(t.ds_t.data(), kBlockM, t.q.data(), t.dp, dk_acc, t.dp, t.keys, t.dp, t.rows,
+                true);
     }
   }
-  for (int64_t j = 0; j < tile.keys; ++j) {
-    store_row(bp.dk, p.dtype, seq.row_offset_k(bp.dk_strides, b, tile.first + j, hk), d, &dk_acc[j * d]);
-    store_row(bp.dv, p.dtype, seq.row_offset_k(bp.dv_strides, b, tile.first + j, hk), d, &dv_acc[j * d]);
+  for (int64_t j = 0; j < t.keys; ++j) {
+    const int64_t key = t.first_key + j;
+    store_row(bp.dk, p.dtype, seq.row_offset_k(bp.dk_strides, b, key, hk), t.d, dk_acc + j * t.dp);
+    store_row(bp.dv, p.dtype, seq.row_offset_k(bp.dv_strides, b, key, hk), t.d, dv_acc + j * t.dp);
   }
 }
 
 // Pass 3: dQ of one query block of one (sequence, query head), and its rows' share of the
 // sink's gradient, -Σ_i P_sink,i · D_i.
 template <class Flags>
-float query_block_task(const BackwardParams& bp, const std::vector<float>& row_sums, int64_t b,
-                       int64_t h, int64_t qb) {
+float query_block_task(const Kernels& kern, const BackwardParams& bp,
+                       const std::vector<float>& row_sums, int64_t b, int64_t h, int64_t qb,
+                       Tiles& t) {
   const AttentionParams& p = bp.fwd;
-  const int64_t d = p.head_dim, hk = h / p.heads_per_kv();
+  const int64_t hk = h / p.heads_per_kv();
   const Seqlen seq(p, b);
   const Mask<int64_t> mask = seq.mask(p);
   const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
-  const int64_t i0 = qb * kBlockM, i1 = std::min(seq.seqlen_q, i0 + kBlockM), rows = i1 - i0;
-  std::vector<float> row(static_cast<size_t>(d)), prob(kBlockN), dscore(kBlockN);
-  std::vector<float> q_tile(static_cast<size_t>(rows * d)), do_tile(static_cast<size_t>(rows * d));  // [rows × d]
-  std::vector<float> dq_acc(size_t(rows * d), 0.0f);                       // [rows × d]
-  for (int64_t i = i0; i < i1; ++i) {
-    load_row(p.q, p.dtype, seq.q_offset(p, b, i, h), d, &q_tile[(i - i0) * d]);
-    load_row(bp.dout, p.dtype, seq.row_offset_q(bp.dout_strides, b, i, h), d, &do_tile[(i - i0) * d]);
-  }
-  const KeyBlocks<int64_t> blocks = key_blocks(mask, i0, i1, kBlockN);
-  KeyTile tile(d);
+  t.load_queries(bp, row_sums, seq, b, h, qb);
+  float* dq_acc = t.acc_a.data();  // [kBlockM × dp]
+  std::fill(t.acc_a.begin(), t.acc_a.end(), 0.0f);
+  const KeyBlocks<int64_t> blocks = key_blocks(mask, t.first_row, t.first_row + t.rows, kBlockN);
   for (int64_t kb = blocks.begin; kb < blocks.end; ++kb) {
-    tile.load(p, b, hk, seq, kb, row);
-    for (int64_t i = i0; i < i1; ++i) {
-      const float lse = p.lse[seq.lse_index(p, b, h, i)];
-      if (lse == kNegInf) continue;
-      row_gradients<Flags>(p, mask, logits, tile, blocks.needs_mask(kb), i, &q_tile[(i - i0) * d],
-                           &do_tile[(i - i0) * d], lse, row_sums[size_t(seq.lse_index(p, b, h, i))],
-                           prob.data(), dscore.data());
-      float* acc = &dq_acc[(i - i0) * d];
-      for (int64_t j = 0; j < tile.keys; ++j) {
-        const float w = dscore[j];
-        if (w == 0.0f) continue;
-        const float* kj = &tile.k[j * d];
-#pragma omp simd
-        for (int64_t c = 0; c < d; ++c) acc[c] += w * kj[c];
-      }
-    }
+    t.load_keys(p, seq, b, hk, kb);
+    block_gradients<Flags>(kern, p, mask, logits, blocks.needs_mask(kb), t);
+    kern.gemm(t.ds.data(), kBlockN, t.k.data(), t.dp, dq_acc, t.dp, t.rows, t.dp, t.keys, true);
   }
   float dsink = 0.0f;
   const float sink = sink_logit<float>(p, h);
-  for (int64_t i = i0; i < i1; ++i) {
-    store_row(bp.dq, p.dtype, seq.row_offset_q(bp.dq_strides, b, i, h), d, &dq_acc[(i - i0) * d]);
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const int64_t i = t.first_row + r;
+    store_row(bp.dq, p.dtype, seq.row_offset_q(bp.dq_strides, b, i, h), t.d, dq_acc + r * t.dp);
     const float lse = p.lse[seq.lse_index(p, b, h, i)];
-    if (p.sinks != nullptr && lse != kNegInf)
-      dsink -= std::exp(sink - lse) * row_sums[size_t(seq.lse_index(p, b, h, i))];
+    if (p.sinks != nullptr && lse != kNegInf) dsink -= std::exp(sink - lse) * t.row_sums[r];
   }
   return dsink;
 }
@@ -262,28 +294,35 @@ float query_block_task(const BackwardParams& bp, const std::vector<float>& row_s
 template <class Flags>
 void run_passes(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
-  std::vector<float> row_sums(static_cast<size_t>(row_sum_count(p)));
+  const Kernels kern = kernels();
+  std::vector<float> row_sums(size_t(row_sum_count(p)));
   compute_row_sums(bp, row_sums);
   if (p.is_varlen()) zero_key_gradients(bp);
 
   const int64_t key_blocks_per_seq = blocks_of(p.seqlen_k, kBlockN);
   const int64_t key_tasks = p.batch * p.heads_kv * key_blocks_per_seq;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t t = 0; t < key_tasks; ++t) {
-    const int64_t kb = t % key_blocks_per_seq, bh = t / key_blocks_per_seq;
-    const int64_t b = bh / p.heads_kv, hk = bh % p.heads_kv;
-    if (kb < blocks_of(Seqlen(p, b).seqlen_k, kBlockN)) key_block_task<Flags>(bp, row_sums, b, hk, kb);
-  }
-
   const int64_t query_blocks_per_seq = blocks_of(p.seqlen_q, kBlockM);
   const int64_t query_tasks = p.batch * p.heads_q * query_blocks_per_seq;
   std::vector<float> sink_partials(size_t(query_tasks), 0.0f);
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t t = 0; t < query_tasks; ++t) {
-    const int64_t qb = t % query_blocks_per_seq, bh = t / query_blocks_per_seq;
-    const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
-    if (qb < blocks_of(Seqlen(p, b).seqlen_q, kBlockM))
-      sink_partials[size_t(t)] = query_block_task<Flags>(bp, row_sums, b, h, qb);
+#pragma omp parallel
+  {
+    Tiles tiles(p.head_dim, kern.lanes);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < key_tasks; ++t) {
+      const int64_t kb = t % key_blocks_per_seq, bh = t / key_blocks_per_seq;
+      const int64_t b = bh / p.heads_kv, hk = bh % p.heads_kv;
+      if (kb < blocks_of(Seqlen(p, b).seqlen_k, kBlockN))
+        key_block_task<Flags>(kern, bp, row_sums, b, hk, kb, tiles);
+    }
+    // (the implicit barrier: every dK/dV is written before dQ starts; they are independent,
+    // but one parallel region keeps each thread's tiles)
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < query_tasks; ++t) {
+      const int64_t qb = t % query_blocks_per_seq, bh = t / query_blocks_per_seq;
+      const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
+      if (qb < blocks_of(Seqlen(p, b).seqlen_q, kBlockM))
+        sink_partials[size_t(t)] = query_block_task<Flags>(kern, bp, row_sums, b, h, qb, tiles);
+    }
   }
   if (bp.dsinks != nullptr)
     for (int64_t h = 0; h < p.heads_q; ++h) {
@@ -299,18 +338,25 @@ void run_passes(const BackwardParams& bp) {
 
 int64_t workspace_bytes(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
-  const int64_t d = p.head_dim, threads = omp_get_max_threads();
+  const int64_t threads = omp_get_max_threads();
   const int64_t query_tasks = p.batch * p.heads_q * blocks_of(p.seqlen_q, kBlockM);
-  // D; per thread the larger of a dK/dV task (two fp32 [kBlockN × d] accumulators) and a
-  // dQ task (q, dO and the fp32 dQ accumulator, [kBlockM × d] each), plus a key tile
-  // (three [kBlockN × d]); the sinks' partial sums.
-  const int64_t per_thread =
-      std::max(2 * kBlockN * d, 3 * kBlockM * d) + 3 * kBlockN * d + 2 * kBlockN + 3 * d;
-  return (row_sum_count(p) + threads * per_thread + query_tasks) * int64_t(sizeof(float));
+  // D, each thread's Tiles (the fp32 dK/dV or dQ accumulators among them), the sinks'
+  // partial sums.
+  return (row_sum_count(p) + threads * Tiles::floats(p.head_dim, kernels().lanes) + query_tasks) *
+         int64_t(sizeof(float));
 }
 
 void run(const BackwardParams& bp) {
   with_logits_flags(bp.fwd, [&](auto flags) { run_passes<decltype(flags)>(bp); });
 }
+
+#else  // without Highway cpu_flash is unavailable, and the dispatcher never calls these
+
+int64_t workspace_bytes(const BackwardParams&) { return 0; }
+void run(const BackwardParams&) {
+  throw Error(ErrorKind::unsupported, "cpu_flash: built without Google Highway");
+}
+
+#endif
 
 }  // namespace flashtile::detail::cpu_flash_backward
