@@ -53,162 +53,174 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // n values of `dtype` from element `offset` of `data` into dst as fp32.
 void load_row(const void* data, DType dtype, int64_t offset, int64_t n, float* dst) {
-  switch (dtype) {
-    case DType::f32: std::copy_n(static_cast<const float*>(data) + offset, n, dst); return;
-    default:
-      for (int64_t c = 0; c < n; ++c) dst[c] = load_as_float(data, dtype, offset + c);
+  if (dtype == DType::f32) {
+    const float* src = static_cast<const float*>(data) + offset;
+    for (int64_t c = 0; c < n; ++c) dst[c] = src[c];
+    return;
   }
+  for (int64_t c = 0; c < n; ++c) dst[c] = load_as_float(data, dtype, offset + c);
 }
 void store_row(void* data, DType dtype, int64_t offset, int64_t n, const float* src) {
   for (int64_t c = 0; c < n; ++c) store_from_float(data, dtype, offset + c, src[c]);
 }
 
-// The per-thread tiles of one (query block, key block) product, fp32; dp = head_dim rounded
-// up to whole vectors, zero-padded. Rows past a block's end are zero too.
-struct Tiles {
-  int64_t d, dp;
-  std::vector<float> q, dout;       // [kBlockM × dp]: the query block's rows
-  std::vector<float> lse, row_sums;  // [kBlockM]: +inf for rows that see nothing (P = 0)
-  std::vector<float> k;             // [kBlockN × dp]: the key block, row-major
-  std::vector<float> k_t, v_t;      // [d × kBlockN]: Kᵀ and Vᵀ
-  std::vector<float> s, ds, chain;  // [kBlockM × kBlockN]: S then P; dP then dS; ∂c/∂(q·k)
-  std::vector<float> p_t, ds_t;     // [kBlockN × kBlockM]: Pᵀ and dSᵀ
-  std::vector<float> acc_a, acc_b;  // [max(kBlockM, kBlockN) × dp]: dK and dV, or dQ
-  int64_t rows = 0, keys = 0;       // valid rows and keys of the loaded blocks
-  int64_t first_row = 0, first_key = 0;
+int64_t blocks_of(int64_t n, int64_t block) { return ceil_div<int64_t>(n, block); }
 
-  Tiles(int64_t head_dim, int64_t lanes) : d(head_dim), dp(ceil_div(head_dim, lanes) * lanes) {
+// Every block's inputs converted to fp32 once, before the passes (what pass 2 and pass 3
+// would otherwise each convert again for every pair): O(N·d) memory. dp is head_dim
+// rounded up to whole vectors; padding rows and channels are 0.
+struct Packed {
+  int64_t d = 0, dp = 0;
+  std::vector<int64_t> q_base, k_base;  // per sequence: index of its first query / key block
+  int64_t q_blocks = 0, k_blocks = 0;   // over every sequence
+  std::vector<float> q, dout;           // [heads_q][q_blocks][kBlockM][dp]
+  std::vector<float> lse, row_sums;     // [heads_q][q_blocks][kBlockM]; lse +inf: P = 0
+  std::vector<float> k;                 // [heads_kv][k_blocks][kBlockN][dp]
+  std::vector<float> k_t, v_t;          // [heads_kv][k_blocks][d][kBlockN]
+
+  Packed(const AttentionParams& p, int64_t lanes) : d(p.head_dim), dp(ceil_div(d, lanes) * lanes) {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const Seqlen seq(p, b);
+      q_base.push_back(q_blocks);
+      k_base.push_back(k_blocks);
+      q_blocks += blocks_of(seq.seqlen_q, kBlockM);
+      k_blocks += blocks_of(seq.seqlen_k, kBlockN);
+    }
+  }
+  static int64_t floats(const AttentionParams& p, int64_t lanes) {
+    Packed shape(p, lanes);
+    return p.heads_q * shape.q_blocks * kBlockM * (2 * shape.dp + 2) +
+           p.heads_kv * shape.k_blocks * kBlockN * (shape.dp + 2 * shape.d);
+  }
+  void allocate(const AttentionParams& p) {
     auto sized = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.0f); };
-    q = sized(kBlockM * dp);
-    dout = sized(kBlockM * dp);
-    lse = sized(kBlockM);
-    row_sums = sized(kBlockM);
-    k = sized(kBlockN * dp);
-    k_t = sized(d * kBlockN);
-    v_t = sized(d * kBlockN);
-    s = sized(kBlockM * kBlockN);
-    ds = sized(kBlockM * kBlockN);
-    chain = sized(kBlockM * kBlockN);
-    p_t = sized(kBlockN * kBlockM);
-    ds_t = sized(kBlockN * kBlockM);
-    acc_a = sized(std::max(kBlockM, kBlockN) * dp);
-    acc_b = sized(std::max(kBlockM, kBlockN) * dp);
+    q = sized(p.heads_q * q_blocks * kBlockM * dp);
+    dout = sized(p.heads_q * q_blocks * kBlockM * dp);
+    lse = sized(p.heads_q * q_blocks * kBlockM);
+    row_sums = sized(p.heads_q * q_blocks * kBlockM);
+    k = sized(p.heads_kv * k_blocks * kBlockN * dp);
+    k_t = sized(p.heads_kv * k_blocks * kBlockN * d);
+    v_t = sized(p.heads_kv * k_blocks * kBlockN * d);
   }
-  static int64_t floats(int64_t head_dim, int64_t lanes) {
-    const int64_t dp = ceil_div(head_dim, lanes) * lanes;
-    return 2 * kBlockM * dp + 2 * kBlockM + kBlockN * dp + 2 * head_dim * kBlockN +
-           5 * kBlockM * kBlockN + 2 * std::max(kBlockM, kBlockN) * dp;
+  int64_t q_block(const AttentionParams& p, int64_t b, int64_t h, int64_t qb) const {
+    (void)p;
+    return h * q_blocks + q_base[size_t(b)] + qb;
+  }
+  int64_t k_block(int64_t b, int64_t hk, int64_t kb) const {
+    return hk * k_blocks + k_base[size_t(b)] + kb;
   }
 
-  // Query block qb of head h: q, dO, the LSE and D of its rows.
-  void load_queries(const BackwardParams& bp, const std::vector<float>& all_row_sums,
-                    const Seqlen& seq, int64_t b, int64_t h, int64_t qb) {
+  // Query block qb of head h: q and dO rows, the LSE, and D = dO·O (pass 1, here).
+  void pack_queries(const BackwardParams& bp, int64_t b, int64_t h, int64_t qb) {
     const AttentionParams& p = bp.fwd;
-    first_row = qb * kBlockM;
-    rows = std::min(kBlockM, seq.seqlen_q - first_row);
-    std::fill(q.begin(), q.end(), 0.0f);
-    std::fill(dout.begin(), dout.end(), 0.0f);
+    const Seqlen seq(p, b);
+    const int64_t n = q_block(p, b, h, qb), first = qb * kBlockM;
+    const int64_t rows = std::min(kBlockM, seq.seqlen_q - first);
+    float* qs = &q[size_t(n * kBlockM * dp)];
+    float* ds = &dout[size_t(n * kBlockM * dp)];
+    float* ls = &lse[size_t(n * kBlockM)];
+    float* sums = &row_sums[size_t(n * kBlockM)];
+    std::vector<float> o(static_cast<size_t>(d));
     for (int64_t r = 0; r < kBlockM; ++r) {
-      if (r >= rows) {
-        lse[r] = std::numeric_limits<float>::infinity();
-        row_sums[r] = 0.0f;
-        continue;
-      }
-      const int64_t i = first_row + r;
-      load_row(p.q, p.dtype, seq.q_offset(p, b, i, h), d, &q[r * dp]);
-      load_row(bp.dout, p.dtype, seq.row_offset_q(bp.dout_strides, b, i, h), d, &dout[r * dp]);
+      ls[r] = std::numeric_limits<float>::infinity();  // padding rows: P = 0
+      if (r >= rows) continue;
+      const int64_t i = first + r;
+      load_row(p.q, p.dtype, seq.q_offset(p, b, i, h), d, qs + r * dp);
+      load_row(bp.dout, p.dtype, seq.row_offset_q(bp.dout_strides, b, i, h), d, ds + r * dp);
+      load_row(p.o, p.dtype, seq.o_offset(p, b, i, h), d, o.data());
+      float sum = 0.0f;
+      for (int64_t c = 0; c < d; ++c) sum += ds[r * dp + c] * o[c];
+      sums[r] = sum;
       const float l = p.lse[seq.lse_index(p, b, h, i)];
-      lse[r] = l == kNegInf ? std::numeric_limits<float>::infinity() : l;
-      row_sums[r] = all_row_sums[size_t(seq.lse_index(p, b, h, i))];
+      if (l != kNegInf) ls[r] = l;  // a row that sees nothing has P = 0 too
     }
   }
 
   // Key block kb of kv head hk: K, Kᵀ, Vᵀ.
-  void load_keys(const AttentionParams& p, const Seqlen& seq, int64_t b, int64_t hk, int64_t kb) {
-    first_key = kb * kBlockN;
-    keys = std::min(kBlockN, seq.seqlen_k - first_key);
-    std::fill(k.begin(), k.end(), 0.0f);
-    std::fill(k_t.begin(), k_t.end(), 0.0f);
-    std::fill(v_t.begin(), v_t.end(), 0.0f);
-    float* v_row = acc_b.data();  // scratch for one row; the accumulators are zeroed after
+  void pack_keys(const AttentionParams& p, int64_t b, int64_t hk, int64_t kb) {
+    const Seqlen seq(p, b);
+    const int64_t n = k_block(b, hk, kb), first = kb * kBlockN;
+    const int64_t keys = std::min(kBlockN, seq.seqlen_k - first);
+    float* ks = &k[size_t(n * kBlockN * dp)];
+    float* kt = &k_t[size_t(n * kBlockN * d)];
+    float* vt = &v_t[size_t(n * kBlockN * d)];
+    std::vector<float> v_row(static_cast<size_t>(d));
     for (int64_t j = 0; j < keys; ++j) {
-      load_row(p.k, p.dtype, seq.k_offset(p, b, first_key + j, hk), d, &k[j * dp]);
-      load_row(p.v, p.dtype, seq.v_offset(p, b, first_key + j, hk), d, v_row);
+      load_row(p.k, p.dtype, seq.k_offset(p, b, first + j, hk), d, ks + j * dp);
+      load_row(p.v, p.dtype, seq.v_offset(p, b, first + j, hk), d, v_row.data());
       for (int64_t c = 0; c < d; ++c) {
-        k_t[c * kBlockN + j] = k[j * dp + c];
-        v_t[c * kBlockN + j] = v_row[c];
+        kt[c * kBlockN + j] = ks[j * dp + c];
+        vt[c * kBlockN + j] = v_row[c];
       }
     }
   }
 };
 
-// P (in s) and dS (in ds) of the loaded query and key blocks: S = Q·Kᵀ and dP = dO·Vᵀ, the
-// logits of the variant (softcap lane-wise, ALiBi and the mask through the shared core),
-// then P = exp(S - lse) and dS = P∘(dP - D)∘∂c/∂(q·k). Masked and padding entries get P = 0.
+// One (query block, key block) pair: pointers into Packed, and the thread's score tiles.
+struct Pair {
+  const float *q, *dout, *lse, *row_sums;  // the query block
+  const float *k, *k_t, *v_t;              // the key block
+  int64_t rows, keys, first_row, first_key;
+};
+
+struct Tiles {
+  std::vector<float> s, ds, chain;  // [kBlockM × kBlockN]: S then P; dP then dS; ∂c/∂(q·k)
+  std::vector<float> acc_a, acc_b;  // [max(kBlockM, kBlockN) × dp]: dK and dV, or dQ
+  explicit Tiles(int64_t dp)
+      : s(kBlockM * kBlockN), ds(kBlockM * kBlockN), chain(kBlockM * kBlockN),
+        acc_a(static_cast<size_t>(std::max(kBlockM, kBlockN) * dp)),
+        acc_b(static_cast<size_t>(std::max(kBlockM, kBlockN) * dp)) {}
+  static int64_t floats(int64_t dp) {
+    return 3 * kBlockM * kBlockN + 2 * std::max(kBlockM, kBlockN) * dp;
+  }
+};
+
+Pair make_pair(const Packed& pk, const AttentionParams& p, const Seqlen& seq, int64_t b,
+               int64_t h, int64_t qb, int64_t kb) {
+  const int64_t qn = pk.q_block(p, b, h, qb), kn = pk.k_block(b, h / p.heads_per_kv(), kb);
+  return {&pk.q[size_t(qn * kBlockM * pk.dp)], &pk.dout[size_t(qn * kBlockM * pk.dp)],
+          &pk.lse[size_t(qn * kBlockM)], &pk.row_sums[size_t(qn * kBlockM)],
+          &pk.k[size_t(kn * kBlockN * pk.dp)], &pk.k_t[size_t(kn * kBlockN * pk.d)],
+          &pk.v_t[size_t(kn * kBlockN * pk.d)], std::min(kBlockM, seq.seqlen_q - qb * kBlockM),
+          std::min(kBlockN, seq.seqlen_k - kb * kBlockN), qb * kBlockM, kb * kBlockN};
+}
+
+// P (in t.s) and dS (in t.ds) of one pair: S = Q·Kᵀ and dP = dO·Vᵀ, the logits of the
+// variant (softcap lane-wise, ALiBi and the mask through the shared core), then
+// P = exp(S - lse) and dS = P∘(dP - D)∘∂c/∂(q·k). Masked and padding entries get P = 0.
 template <class Flags>
-void block_gradients(const Kernels& kern, const AttentionParams& p, const Mask<int64_t>& mask,
-                     const LogitsTransform<float>& logits, bool needs_mask, Tiles& t) {
-  const int64_t m = t.rows;
-  kern.gemm(t.q.data(), t.dp, t.k_t.data(), kBlockN, t.s.data(), kBlockN, m, kBlockN, p.head_dim,
-            false);
-  kern.gemm(t.dout.data(), t.dp, t.v_t.data(), kBlockN, t.ds.data(), kBlockN, m, kBlockN,
-            p.head_dim, false);
+void pair_gradients(const Kernels& kern, const Packed& pk, const Mask<int64_t>& mask,
+                    const LogitsTransform<float>& logits, bool needs_mask, const Pair& pr,
+                    Tiles& t) {
+  const int64_t m = pr.rows, d = pk.d;
+  kern.gemm(pr.q, pk.dp, pr.k_t, kBlockN, t.s.data(), kBlockN, m, kBlockN, d, false, false);
+  kern.gemm(pr.dout, pk.dp, pr.v_t, kBlockN, t.ds.data(), kBlockN, m, kBlockN, d, false, false);
   if constexpr (Flags::kSoftcap)
     kern.softcap(t.s.data(), t.chain.data(), kBlockN, m, kBlockN, logits.scale, logits.softcap,
                  logits.capped_scale);
-  for (int64_t r = 0; r < m; ++r) {
-    float* row = &t.s[r * kBlockN];
-    const int64_t i = t.first_row + r;
-    if constexpr (!Flags::kSoftcap)
-      for (int64_t j = 0; j < t.keys; ++j) row[j] = logits.scaled<false>(row[j]);
-    if constexpr (Flags::kAlibi)
-      for (int64_t j = 0; j < t.keys; ++j) row[j] += logits.alibi_bias(mask, i, t.first_key + j);
-    if (needs_mask)
-      for (int64_t j = 0; j < t.keys; ++j)
-        if (!mask.visible(i, t.first_key + j)) row[j] = kNegInf;
-    for (int64_t j = t.keys; j < kBlockN; ++j) row[j] = kNegInf;
-  }
-  kern.probabilities(t.s.data(), t.ds.data(), Flags::kSoftcap ? t.chain.data() : nullptr, kBlockN,
-                     m, kBlockN, t.lse.data(), t.row_sums.data(), logits.scale);
-}
-
-struct Workspace {
-  std::vector<float> row_sums;     // D, indexed as the LSE
-  std::vector<float> sink_partials;  // one per dQ task (sinks only)
-};
-
-int64_t row_sum_count(const AttentionParams& p) {
-  return p.is_varlen() ? p.heads_q * p.total_q : p.batch * p.heads_q * p.seqlen_q;
-}
-
-int64_t blocks_of(int64_t n, int64_t block) { return ceil_div<int64_t>(n, block); }
-
-// Pass 1: D_i = Σ_c dO_ic · O_ic, fp32, per query row.
-void compute_row_sums(const BackwardParams& bp, std::vector<float>& row_sums) {
-  const AttentionParams& p = bp.fwd;
-  const int64_t d = p.head_dim;
-  const int64_t per_seq = blocks_of(p.seqlen_q, kBlockM);
-#pragma omp parallel
-  {
-    std::vector<float> o(static_cast<size_t>(d)), g(static_cast<size_t>(d));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < p.batch * per_seq; ++task) {
-      const int64_t b = task / per_seq, qb = task % per_seq;
-      const Seqlen seq(p, b);
-      for (int64_t i = qb * kBlockM; i < std::min(seq.seqlen_q, (qb + 1) * kBlockM); ++i)
-        for (int64_t h = 0; h < p.heads_q; ++h) {
-          load_row(p.o, p.dtype, seq.o_offset(p, b, i, h), d, o.data());
-          load_row(bp.dout, p.dtype, seq.row_offset_q(bp.dout_strides, b, i, h), d, g.data());
-          float sum = 0.0f;
-          for (int64_t c = 0; c < d; ++c) sum += o[c] * g[c];
-          row_sums[size_t(seq.lse_index(p, b, h, i))] = sum;
-        }
+  // Logits are finished here where a tile needs more than the scale (ALiBi, the mask, padding
+  // keys); plain tiles keep q·k and `probabilities` scales them.
+  const bool finish_here = Flags::kAlibi || needs_mask || pr.keys < kBlockN;
+  if (finish_here)
+    for (int64_t r = 0; r < m; ++r) {
+      float* row = &t.s[size_t(r * kBlockN)];
+      const int64_t i = pr.first_row + r;
+      for (int64_t j = 0; j < pr.keys; ++j) {
+        if constexpr (!Flags::kSoftcap) row[j] = logits.scaled<false>(row[j]);
+        if constexpr (Flags::kAlibi) row[j] += logits.alibi_bias(mask, i, pr.first_key + j);
+      }
+      if (needs_mask)
+        for (int64_t j = 0; j < pr.keys; ++j)
+          if (!mask.visible(i, pr.first_key + j)) row[j] = kNegInf;
+      for (int64_t j = pr.keys; j < kBlockN; ++j) row[j] = kNegInf;
     }
-  }
+  kern.probabilities(t.s.data(), t.ds.data(), Flags::kSoftcap ? t.chain.data() : nullptr,
+                     kBlockN, m, kBlockN, pr.lse, pr.row_sums,
+                     Flags::kSoftcap || finish_here ? 1.0f : logits.scale, logits.scale);
 }
 
-// Varlen: key rows outside every sequence's used keys have gradient 0 (passes 2 and 3 write
-// only the used ones).
+// Varlen: key rows outside every sequence's used keys have gradient 0 (pass 2 writes only
+// the used ones).
 void zero_key_gradients(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   const std::vector<float> zeros(size_t(p.head_dim), 0.0f);
@@ -222,71 +234,65 @@ void zero_key_gradients(const BackwardParams& bp) {
 
 // Pass 2: dK and dV of one key block of one (sequence, kv head).
 template <class Flags>
-void key_block_task(const Kernels& kern, const BackwardParams& bp,
-                    const std::vector<float>& row_sums, int64_t b, int64_t hk, int64_t kb,
-                    Tiles& t) {
+void key_block_task(const Kernels& kern, const BackwardParams& bp, const Packed& pk, int64_t b,
+                    int64_t hk, int64_t kb, Tiles& t) {
   const AttentionParams& p = bp.fwd;
   const Seqlen seq(p, b);
   const Mask<int64_t> mask = seq.mask(p);
-  t.load_keys(p, seq, b, hk, kb);
   float* dk_acc = t.acc_a.data();  // [kBlockN × dp]
   float* dv_acc = t.acc_b.data();  // [kBlockN × dp]
   std::fill(t.acc_a.begin(), t.acc_a.end(), 0.0f);
   std::fill(t.acc_b.begin(), t.acc_b.end(), 0.0f);
+  const int64_t first_key = kb * kBlockN, keys = std::min(kBlockN, seq.seqlen_k - first_key);
   for (int64_t h = hk * p.heads_per_kv(); h < (hk + 1) * p.heads_per_kv(); ++h) {
     const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
     for (int64_t qb = 0; qb < blocks_of(seq.seqlen_q, kBlockM); ++qb) {
       const int64_t i0 = qb * kBlockM, i1 = std::min(seq.seqlen_q, i0 + kBlockM);
       const KeyBlocks<int64_t> blocks = key_blocks(mask, i0, i1, kBlockN);
       if (kb < blocks.begin || kb >= blocks.end) continue;  // no row of this block sees these keys
-      t.load_queries(bp, row_sums, seq, b, h, qb);
-      block_gradients<Flags>(kern, p, mask, logits, blocks.needs_mask(kb), t);
-      for (int64_t r = 0; r < t.rows; ++r)
-        for (int64_t j = 0; j < kBlockN; ++j) {
-          t.p_t[j * kBlockM + r] = t.s[r * kBlockN + j];
-          t.ds_t[j * kBlockM + r] = t.ds[r * kBlockN + j];
-        }
-      // dV += Pᵀ·dO and dK += dSᵀ·Q over the block's rows.
-      kern.gemm(t.p_t.data(), kBlockM, t.dout.data(), t.dp, dv_acc, t.dp, t.keys, t.dp, t.rows,
+      const Pair pr = make_pair(pk, p, seq, b, h, qb, kb);
+      pair_gradients<Flags>(kern, pk, mask, logits, blocks.needs_mask(kb), pr, t);
+      // dV += Pᵀ·dO and dK += dSᵀ·Q over the block's rows (P and dS read transposed).
+      kern.gemm(t.s.data(), kBlockN, pr.dout, pk.dp, dv_acc, pk.dp, pr.keys, pk.dp, pr.rows, true,
                 true);
-      kern.gemm(t.ds_t.data(), kBlockM, t.q.data(), t.dp, dk_acc, t.dp, t.keys, t.dp, t.rows,
+      kern.gemm(t.ds.data(), kBlockN, pr.q, pk.dp, dk_acc, pk.dp, pr.keys, pk.dp, pr.rows, true,
                 true);
     }
   }
-  for (int64_t j = 0; j < t.keys; ++j) {
-    const int64_t key = t.first_key + j;
-    store_row(bp.dk, p.dtype, seq.row_offset_k(bp.dk_strides, b, key, hk), t.d, dk_acc + j * t.dp);
-    store_row(bp.dv, p.dtype, seq.row_offset_k(bp.dv_strides, b, key, hk), t.d, dv_acc + j * t.dp);
+  // Keys no row sees keep dK = dV = 0.
+  for (int64_t j = 0; j < keys; ++j) {
+    const int64_t key = first_key + j;
+    store_row(bp.dk, p.dtype, seq.row_offset_k(bp.dk_strides, b, key, hk), pk.d, dk_acc + j * pk.dp);
+    store_row(bp.dv, p.dtype, seq.row_offset_k(bp.dv_strides, b, key, hk), pk.d, dv_acc + j * pk.dp);
   }
 }
 
 // Pass 3: dQ of one query block of one (sequence, query head), and its rows' share of the
 // sink's gradient, -Σ_i P_sink,i · D_i.
 template <class Flags>
-float query_block_task(const Kernels& kern, const BackwardParams& bp,
-                       const std::vector<float>& row_sums, int64_t b, int64_t h, int64_t qb,
-                       Tiles& t) {
+float query_block_task(const Kernels& kern, const BackwardParams& bp, const Packed& pk, int64_t b,
+                       int64_t h, int64_t qb, Tiles& t) {
   const AttentionParams& p = bp.fwd;
-  const int64_t hk = h / p.heads_per_kv();
   const Seqlen seq(p, b);
   const Mask<int64_t> mask = seq.mask(p);
   const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
-  t.load_queries(bp, row_sums, seq, b, h, qb);
   float* dq_acc = t.acc_a.data();  // [kBlockM × dp]
   std::fill(t.acc_a.begin(), t.acc_a.end(), 0.0f);
-  const KeyBlocks<int64_t> blocks = key_blocks(mask, t.first_row, t.first_row + t.rows, kBlockN);
+  const int64_t i0 = qb * kBlockM, rows = std::min(kBlockM, seq.seqlen_q - i0);
+  const KeyBlocks<int64_t> blocks = key_blocks(mask, i0, i0 + rows, kBlockN);
   for (int64_t kb = blocks.begin; kb < blocks.end; ++kb) {
-    t.load_keys(p, seq, b, hk, kb);
-    block_gradients<Flags>(kern, p, mask, logits, blocks.needs_mask(kb), t);
-    kern.gemm(t.ds.data(), kBlockN, t.k.data(), t.dp, dq_acc, t.dp, t.rows, t.dp, t.keys, true);
+    const Pair pr = make_pair(pk, p, seq, b, h, qb, kb);
+    pair_gradients<Flags>(kern, pk, mask, logits, blocks.needs_mask(kb), pr, t);
+    kern.gemm(t.ds.data(), kBlockN, pr.k, pk.dp, dq_acc, pk.dp, rows, pk.dp, pr.keys, true, false);
   }
   float dsink = 0.0f;
   const float sink = sink_logit<float>(p, h);
-  for (int64_t r = 0; r < t.rows; ++r) {
-    const int64_t i = t.first_row + r;
-    store_row(bp.dq, p.dtype, seq.row_offset_q(bp.dq_strides, b, i, h), t.d, dq_acc + r * t.dp);
+  const float* row_sums = &pk.row_sums[size_t(pk.q_block(p, b, h, qb) * kBlockM)];
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    store_row(bp.dq, p.dtype, seq.row_offset_q(bp.dq_strides, b, i, h), pk.d, dq_acc + r * pk.dp);
     const float lse = p.lse[seq.lse_index(p, b, h, i)];
-    if (p.sinks != nullptr && lse != kNegInf) dsink -= std::exp(sink - lse) * t.row_sums[r];
+    if (p.sinks != nullptr && lse != kNegInf) dsink -= std::exp(sink - lse) * row_sums[r];
   }
   return dsink;
 }
@@ -295,41 +301,52 @@ template <class Flags>
 void run_passes(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   const Kernels kern = kernels();
-  std::vector<float> row_sums(size_t(row_sum_count(p)));
-  compute_row_sums(bp, row_sums);
+  Packed pk(p, kern.lanes);
+  pk.allocate(p);
   if (p.is_varlen()) zero_key_gradients(bp);
 
-  const int64_t key_blocks_per_seq = blocks_of(p.seqlen_k, kBlockN);
-  const int64_t key_tasks = p.batch * p.heads_kv * key_blocks_per_seq;
-  const int64_t query_blocks_per_seq = blocks_of(p.seqlen_q, kBlockM);
-  const int64_t query_tasks = p.batch * p.heads_q * query_blocks_per_seq;
+  const int64_t q_per_seq = blocks_of(p.seqlen_q, kBlockM), k_per_seq = blocks_of(p.seqlen_k, kBlockN);
+  const int64_t key_tasks = p.batch * p.heads_kv * k_per_seq;
+  const int64_t query_tasks = p.batch * p.heads_q * q_per_seq;
   std::vector<float> sink_partials(size_t(query_tasks), 0.0f);
+  // Tasks are numbered over the longest sequence; a varlen sequence's extra ones are empty.
+  auto key_task = [&](int64_t t, int64_t& b, int64_t& hk, int64_t& kb) {
+    kb = t % k_per_seq;
+    b = t / k_per_seq / p.heads_kv;
+    hk = t / k_per_seq % p.heads_kv;
+    return kb < blocks_of(Seqlen(p, b).seqlen_k, kBlockN);
+  };
+  auto query_task = [&](int64_t t, int64_t& b, int64_t& h, int64_t& qb) {
+    qb = t % q_per_seq;
+    b = t / q_per_seq / p.heads_q;
+    h = t / q_per_seq % p.heads_q;
+    return qb < blocks_of(Seqlen(p, b).seqlen_q, kBlockM);
+  };
 #pragma omp parallel
   {
-    Tiles tiles(p.head_dim, kern.lanes);
+    Tiles tiles(pk.dp);
+    int64_t b, h, blk;
+    // Pass 1: pack every block (and D); the barrier at the end of each loop orders them.
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t t = 0; t < query_tasks; ++t)
+      if (query_task(t, b, h, blk)) pk.pack_queries(bp, b, h, blk);
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t t = 0; t < key_tasks; ++t)
+      if (key_task(t, b, h, blk)) pk.pack_keys(p, b, h, blk);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < key_tasks; ++t) {
-      const int64_t kb = t % key_blocks_per_seq, bh = t / key_blocks_per_seq;
-      const int64_t b = bh / p.heads_kv, hk = bh % p.heads_kv;
-      if (kb < blocks_of(Seqlen(p, b).seqlen_k, kBlockN))
-        key_block_task<Flags>(kern, bp, row_sums, b, hk, kb, tiles);
-    }
-    // (the implicit barrier: every dK/dV is written before dQ starts; they are independent,
-    // but one parallel region keeps each thread's tiles)
+    for (int64_t t = 0; t < key_tasks; ++t)
+      if (key_task(t, b, h, blk)) key_block_task<Flags>(kern, bp, pk, b, h, blk, tiles);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < query_tasks; ++t) {
-      const int64_t qb = t % query_blocks_per_seq, bh = t / query_blocks_per_seq;
-      const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
-      if (qb < blocks_of(Seqlen(p, b).seqlen_q, kBlockM))
-        sink_partials[size_t(t)] = query_block_task<Flags>(kern, bp, row_sums, b, h, qb, tiles);
-    }
+    for (int64_t t = 0; t < query_tasks; ++t)
+      if (query_task(t, b, h, blk))
+        sink_partials[size_t(t)] = query_block_task<Flags>(kern, bp, pk, b, h, blk, tiles);
   }
   if (bp.dsinks != nullptr)
     for (int64_t h = 0; h < p.heads_q; ++h) {
       float total = 0.0f;  // in task order: the same sum for any thread count
       for (int64_t b = 0; b < p.batch; ++b)
-        for (int64_t qb = 0; qb < query_blocks_per_seq; ++qb)
-          total += sink_partials[size_t((b * p.heads_q + h) * query_blocks_per_seq + qb)];
+        for (int64_t qb = 0; qb < q_per_seq; ++qb)
+          total += sink_partials[size_t((b * p.heads_q + h) * q_per_seq + qb)];
       bp.dsinks[h] = total;
     }
 }
@@ -340,9 +357,11 @@ int64_t workspace_bytes(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   const int64_t threads = omp_get_max_threads();
   const int64_t query_tasks = p.batch * p.heads_q * blocks_of(p.seqlen_q, kBlockM);
-  // D, each thread's Tiles (the fp32 dK/dV or dQ accumulators among them), the sinks'
-  // partial sums.
-  return (row_sum_count(p) + threads * Tiles::floats(p.head_dim, kernels().lanes) + query_tasks) *
+  // The packed fp32 blocks (D among them), each thread's Tiles (the fp32 dK/dV or dQ
+  // accumulators among them), the sinks' partial sums.
+  const int64_t lanes = kernels().lanes;
+  const int64_t dp = ceil_div(p.head_dim, lanes) * lanes;
+  return (Packed::floats(p, lanes) + threads * Tiles::floats(dp) + query_tasks) *
          int64_t(sizeof(float));
 }
 
