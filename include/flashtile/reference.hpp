@@ -93,6 +93,9 @@ Verification verify_forward(const TensorView& q, const TensorView& k, const Tens
 struct ReferenceGradients {
   std::vector<double> dq, dk, dv;  // contiguous, the shapes of q, k, v (unused key rows: 0)
   std::vector<double> dsinks;      // (heads_q); empty without sinks
+  // (heads_q) Σ_rows P_sink·Σ_c |dO·O|: how much dsinks moves per unit of relative error in
+  // out, which a 16-bit backward receives rounded (its D, and so dsinks, inherit that).
+  std::vector<double> dsinks_out_sensitivity;
 };
 
 // The gradient of sum(out ∘ dout) with respect to q, k, v (and the sinks), out being
@@ -112,8 +115,10 @@ ReferenceGradients reference_attention_backward_varlen(
 
 // The backward rule on each of dq, dk, dv and dsinks:
 //  - float32: normwise relative error <= 1e-5 against the oracle;
-//  - float16/bfloat16: max|g − g_oracle| <= 2·max|g_lowprec − g_oracle| + 1e-4 (dsinks, a
-//    sum over every query row of the batch: 3·, see verify_gradients).
+//  - float16/bfloat16: max|g − g_oracle| <= 2·max|g_lowprec − g_oracle| + 1e-4; for dsinks,
+//    a sum over every query row, plus 2·u·max_h dsinks_out_sensitivity (u the dtype's unit
+//    roundoff): the rounding of out, which every row's D inherits, adds up over the rows
+//    (see verify_gradients).
 // A non-finite gradient where the oracle is finite fails.
 struct GradientVerification {
   double dq_error = 0, dq_bound = 0, dk_error = 0, dk_bound = 0, dv_error = 0, dv_bound = 0;
