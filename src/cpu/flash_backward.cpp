@@ -4,20 +4,23 @@
 //   P = exp(S - lse),  dP = dO·Vᵀ,  dS = P∘(dP - D)∘∂c/∂(q·k),
 // with D = rowsum(dO∘O) from a pre-pass and the softcap's chain rule (docs/BACKWARD.md).
 //
-// Three passes, each parallel with OpenMP over work that owns its outputs, so no atomics
-// and no reduction whose order depends on the threads: the gradients are bitwise the same
-// for any thread count and run, deterministic by construction (options.deterministic is
-// always honoured).
-//   1. D: one task per block of query rows.
-//   2. dK, dV: one task per (sequence, kv head, key block). It walks the query heads of its
-//      group and the query blocks that see its keys (key_blocks() of each query block says
-//      which, and whether the mask is needed), accumulating dV += Pᵀ·dO and dK += dSᵀ·Q in
-//      fp32.
-//   3. dQ: one task per (sequence, query head, query block), over the key blocks it
-//      visits, dQ += dS·K in an fp32 accumulator per task (the fp32 dQ accumulators); the
-//      sinks' gradient per task, summed afterwards in task order.
-// Pass 3 recomputes S and dP a second time (7 block products per pair instead of FA2's 5):
-// the price of a dQ without atomics on the CPU.
+// Every pass is parallel with OpenMP over work that owns its outputs, so no atomics and no
+// reduction whose order depends on the threads: the gradients are bitwise the same for any
+// thread count and run, deterministic by construction (options.deterministic is always
+// honoured).
+//   1. Packing: every query block (q, dO, LSE and D) and key block (K, Kᵀ, Vᵀ) to fp32, once.
+//   2. The fused schedule, when there are at least as many (sequence, kv head) pairs as
+//      threads: one task per pair walks its key blocks in order; for each, the query heads of
+//      the group and the query blocks that see those keys (key_blocks() of each query block
+//      says which, and whether the mask is needed), accumulating dV += Pᵀ·dO and
+//      dK += dSᵀ·Q for the key block and dQ += dS·K in fp32 accumulators for the whole
+//      sequence (FlashAttention-2's loop; 5 block products per pair).
+//   2'. Otherwise the split schedule, parallel over blocks: dK, dV per (sequence, kv head,
+//      key block) as above without dQ, then dQ per (sequence, query head, query block) over
+//      its key blocks in order, recomputing S and dP (7 products per pair).
+// Both add each pair's dS·K to the dQ accumulator in the same order with the same
+// operations: they give the same bits. The sinks' gradient is summed per query block and
+// then in block order.
 //
 // Tiles are fp32 (f16/bf16 converted once per tile load), K and V also transposed so that
 // every block product is a plain row-major matrix product; the products and the
@@ -232,10 +235,12 @@ void zero_key_gradients(const BackwardParams& bp) {
     }
 }
 
-// Pass 2: dK and dV of one key block of one (sequence, kv head).
+// dK and dV of one key block of one (sequence, kv head): every query head of the group and
+// every query block that sees these keys. With dq_all (the fused schedule) it also adds
+// dS·K to each pair's dQ accumulator there, [heads_q][q_blocks][kBlockM][dp] as Packed.q.
 template <class Flags>
-void key_block_task(const Kernels& kern, const BackwardParams& bp, const Packed& pk, int64_t b,
-                    int64_t hk, int64_t kb, Tiles& t) {
+void key_block_gradients(const Kernels& kern, const BackwardParams& bp, const Packed& pk,
+                         int64_t b, int64_t hk, int64_t kb, Tiles& t, float* dq_all) {
   const AttentionParams& p = bp.fwd;
   const Seqlen seq(p, b);
   const Mask<int64_t> mask = seq.mask(p);
@@ -257,6 +262,9 @@ void key_block_task(const Kernels& kern, const BackwardParams& bp, const Packed&
                 true);
       kern.gemm(t.ds.data(), kBlockN, pr.q, pk.dp, dk_acc, pk.dp, pr.keys, pk.dp, pr.rows, true,
                 true);
+      if (dq_all != nullptr)
+        kern.gemm(t.ds.data(), kBlockN, pr.k, pk.dp, dq_all + pk.q_block(p, b, h, qb) * kBlockM * pk.dp,
+                  pk.dp, pr.rows, pk.dp, pr.keys, true, false);
     }
   }
   // Keys no row sees keep dK = dV = 0.
@@ -267,8 +275,27 @@ void key_block_task(const Kernels& kern, const BackwardParams& bp, const Packed&
   }
 }
 
-// Pass 3: dQ of one query block of one (sequence, query head), and its rows' share of the
-// sink's gradient, -Σ_i P_sink,i · D_i.
+// Writes the dQ rows of one query block of one (sequence, query head) from its fp32
+// accumulator and returns its rows' share of the sink's gradient, -Σ_i P_sink,i · D_i.
+float finish_query_block(const BackwardParams& bp, const Packed& pk, int64_t b, int64_t h,
+                         int64_t qb, const float* dq_acc) {
+  const AttentionParams& p = bp.fwd;
+  const Seqlen seq(p, b);
+  const int64_t i0 = qb * kBlockM, rows = std::min(kBlockM, seq.seqlen_q - i0);
+  float dsink = 0.0f;
+  const float sink = sink_logit<float>(p, h);
+  const float* row_sums = &pk.row_sums[size_t(pk.q_block(p, b, h, qb) * kBlockM)];
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    store_row(bp.dq, p.dtype, seq.row_offset_q(bp.dq_strides, b, i, h), pk.d, dq_acc + r * pk.dp);
+    const float lse = p.lse[seq.lse_index(p, b, h, i)];
+    if (p.sinks != nullptr && lse != kNegInf) dsink -= std::exp(sink - lse) * row_sums[r];
+  }
+  return dsink;
+}
+
+// The split schedule's dQ: one query block of one (sequence, query head), over the key
+// blocks it visits in increasing order, recomputing each pair's dS.
 template <class Flags>
 float query_block_task(const Kernels& kern, const BackwardParams& bp, const Packed& pk, int64_t b,
                        int64_t h, int64_t qb, Tiles& t) {
@@ -285,16 +312,17 @@ float query_block_task(const Kernels& kern, const BackwardParams& bp, const Pack
     pair_gradients<Flags>(kern, pk, mask, logits, blocks.needs_mask(kb), pr, t);
     kern.gemm(t.ds.data(), kBlockN, pr.k, pk.dp, dq_acc, pk.dp, rows, pk.dp, pr.keys, true, false);
   }
-  float dsink = 0.0f;
-  const float sink = sink_logit<float>(p, h);
-  const float* row_sums = &pk.row_sums[size_t(pk.q_block(p, b, h, qb) * kBlockM)];
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = i0 + r;
-    store_row(bp.dq, p.dtype, seq.row_offset_q(bp.dq_strides, b, i, h), pk.d, dq_acc + r * pk.dp);
-    const float lse = p.lse[seq.lse_index(p, b, h, i)];
-    if (p.sinks != nullptr && lse != kNegInf) dsink -= std::exp(sink - lse) * row_sums[r];
-  }
-  return dsink;
+  return finish_query_block(bp, pk, b, h, qb, dq_acc);
+}
+
+// The fused schedule (one task per (sequence, kv head), dQ accumulated beside dK and dV: 5
+// block products per pair) when there are at least as many such tasks as threads; else the
+// split one (dK/dV per key block, then dQ per query block recomputing S and dP: 7 products,
+// but parallel over blocks). Both add every pair's dS·K to a dQ accumulator in the same
+// order (key blocks increasing) with the same operations, so they give the same bits, and
+// the choice by thread count keeps the gradients bitwise the same for any thread count.
+bool fused_schedule(const AttentionParams& p) {
+  return p.batch * p.heads_kv >= omp_get_max_threads();
 }
 
 template <class Flags>
@@ -304,6 +332,8 @@ void run_passes(const BackwardParams& bp) {
   Packed pk(p, kern.lanes);
   pk.allocate(p);
   if (p.is_varlen()) zero_key_gradients(bp);
+  const bool fused = fused_schedule(p);
+  std::vector<float> dq_all(fused ? pk.q.size() : 0, 0.0f);
 
   const int64_t q_per_seq = blocks_of(p.seqlen_q, kBlockM), k_per_seq = blocks_of(p.seqlen_k, kBlockN);
   const int64_t key_tasks = p.batch * p.heads_kv * k_per_seq;
@@ -333,13 +363,28 @@ void run_passes(const BackwardParams& bp) {
 #pragma omp for schedule(dynamic, 4)
     for (int64_t t = 0; t < key_tasks; ++t)
       if (key_task(t, b, h, blk)) pk.pack_keys(p, b, h, blk);
+    if (fused) {
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < key_tasks; ++t)
-      if (key_task(t, b, h, blk)) key_block_task<Flags>(kern, bp, pk, b, h, blk, tiles);
+      for (int64_t pair = 0; pair < p.batch * p.heads_kv; ++pair) {
+        const int64_t bb = pair / p.heads_kv, hk = pair % p.heads_kv;
+        const Seqlen seq(p, bb);
+        for (int64_t kb = 0; kb < blocks_of(seq.seqlen_k, kBlockN); ++kb)
+          key_block_gradients<Flags>(kern, bp, pk, bb, hk, kb, tiles, dq_all.data());
+        for (int64_t hq = hk * p.heads_per_kv(); hq < (hk + 1) * p.heads_per_kv(); ++hq)
+          for (int64_t qb = 0; qb < blocks_of(seq.seqlen_q, kBlockM); ++qb)
+            sink_partials[size_t((bb * p.heads_q + hq) * q_per_seq + qb)] = finish_query_block(
+                bp, pk, bb, hq, qb, &dq_all[size_t(pk.q_block(p, bb, hq, qb) * kBlockM * pk.dp)]);
+      }
+    } else {
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < query_tasks; ++t)
-      if (query_task(t, b, h, blk))
-        sink_partials[size_t(t)] = query_block_task<Flags>(kern, bp, pk, b, h, blk, tiles);
+      for (int64_t t = 0; t < key_tasks; ++t)
+        if (key_task(t, b, h, blk))
+          key_block_gradients<Flags>(kern, bp, pk, b, h, blk, tiles, nullptr);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < query_tasks; ++t)
+        if (query_task(t, b, h, blk))
+          sink_partials[size_t(t)] = query_block_task<Flags>(kern, bp, pk, b, h, blk, tiles);
+    }
   }
   if (bp.dsinks != nullptr)
     for (int64_t h = 0; h < p.heads_q; ++h) {
@@ -358,10 +403,12 @@ int64_t workspace_bytes(const BackwardParams& bp) {
   const int64_t threads = omp_get_max_threads();
   const int64_t query_tasks = p.batch * p.heads_q * blocks_of(p.seqlen_q, kBlockM);
   // The packed fp32 blocks (D among them), each thread's Tiles (the fp32 dK/dV or dQ
-  // accumulators among them), the sinks' partial sums.
+  // accumulators among them), the fused schedule's fp32 dQ accumulators, the sinks'
+  // partial sums.
   const int64_t lanes = kernels().lanes;
   const int64_t dp = ceil_div(p.head_dim, lanes) * lanes;
-  return (Packed::floats(p, lanes) + threads * Tiles::floats(dp) + query_tasks) *
+  const int64_t dq_all = fused_schedule(p) ? p.heads_q * Packed(p, lanes).q_blocks * kBlockM * dp : 0;
+  return (Packed::floats(p, lanes) + threads * Tiles::floats(dp) + dq_all + query_tasks) *
          int64_t(sizeof(float));
 }
 
