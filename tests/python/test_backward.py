@@ -119,6 +119,24 @@ def test_deterministic_is_bitwise():
             assert np.array_equal(a, b)
 
 
+README_BACKWARD_EXAMPLE = '''
+import numpy as np, flashtile
+q = np.random.randn(2, 1024, 8, 64).astype(np.float32)   # (batch, seqlen, heads, head_dim)
+k = np.random.randn(2, 1024, 2, 64).astype(np.float32)   # 2 KV heads: GQA
+v = np.random.randn(2, 1024, 2, 64).astype(np.float32)
+out, lse = flashtile.attention(q, k, v, causal=True, return_lse=True)  # q, k, v as above
+dout = np.ones_like(out)                                                # ∂loss/∂out
+dq, dk, dv = flashtile.attention_backward(dout, q, k, v, out, lse, causal=True)
+'''
+
+
+def test_readme_backward_example():
+    """The README's Backward snippet, verbatim, after its numpy example's setup."""
+    scope = {}
+    exec(README_BACKWARD_EXAMPLE, scope)
+    assert scope["dq"].shape == scope["q"].shape and scope["dk"].shape == scope["k"].shape
+
+
 # --- argument checking, as attention() --------------------------------------------------------
 
 def bad_calls():
