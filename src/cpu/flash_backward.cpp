@@ -105,8 +105,8 @@ struct Packed {
     k_t = sized(p.heads_kv * k_blocks * kBlockN * d);
     v_t = sized(p.heads_kv * k_blocks * kBlockN * d);
   }
-  int64_t q_block(const AttentionParams& p, int64_t b, int64_t h, int64_t qb) const {
-    (void)p;
+  // Index of query block qb of head h of sequence b, and of key block kb of kv head hk.
+  int64_t q_block(int64_t b, int64_t h, int64_t qb) const {
     return h * q_blocks + q_base[size_t(b)] + qb;
   }
   int64_t k_block(int64_t b, int64_t hk, int64_t kb) const {
@@ -117,7 +117,7 @@ struct Packed {
   void pack_queries(const BackwardParams& bp, int64_t b, int64_t h, int64_t qb) {
     const AttentionParams& p = bp.fwd;
     const Seqlen seq(p, b);
-    const int64_t n = q_block(p, b, h, qb), first = qb * kBlockM;
+    const int64_t n = q_block(b, h, qb), first = qb * kBlockM;
     const int64_t rows = std::min(kBlockM, seq.seqlen_q - first);
     float* qs = &q[size_t(n * kBlockM * dp)];
     float* ds = &dout[size_t(n * kBlockM * dp)];
@@ -180,7 +180,7 @@ struct Tiles {
 
 Pair make_pair(const Packed& pk, const AttentionParams& p, const Seqlen& seq, int64_t b,
                int64_t h, int64_t qb, int64_t kb) {
-  const int64_t qn = pk.q_block(p, b, h, qb), kn = pk.k_block(b, h / p.heads_per_kv(), kb);
+  const int64_t qn = pk.q_block(b, h, qb), kn = pk.k_block(b, h / p.heads_per_kv(), kb);
   return {&pk.q[size_t(qn * kBlockM * pk.dp)], &pk.dout[size_t(qn * kBlockM * pk.dp)],
           &pk.lse[size_t(qn * kBlockM)], &pk.row_sums[size_t(qn * kBlockM)],
           &pk.k[size_t(kn * kBlockN * pk.dp)], &pk.k_t[size_t(kn * kBlockN * pk.d)],
@@ -263,7 +263,7 @@ void key_block_gradients(const Kernels& kern, const BackwardParams& bp, const Pa
       kern.gemm(t.ds.data(), kBlockN, pr.q, pk.dp, dk_acc, pk.dp, pr.keys, pk.dp, pr.rows, true,
                 true);
       if (dq_all != nullptr)
-        kern.gemm(t.ds.data(), kBlockN, pr.k, pk.dp, dq_all + pk.q_block(p, b, h, qb) * kBlockM * pk.dp,
+        kern.gemm(t.ds.data(), kBlockN, pr.k, pk.dp, dq_all + pk.q_block(b, h, qb) * kBlockM * pk.dp,
                   pk.dp, pr.rows, pk.dp, pr.keys, true, false);
     }
   }
@@ -284,7 +284,7 @@ float finish_query_block(const BackwardParams& bp, const Packed& pk, int64_t b, 
   const int64_t i0 = qb * kBlockM, rows = std::min(kBlockM, seq.seqlen_q - i0);
   float dsink = 0.0f;
   const float sink = sink_logit<float>(p, h);
-  const float* row_sums = &pk.row_sums[size_t(pk.q_block(p, b, h, qb) * kBlockM)];
+  const float* row_sums = &pk.row_sums[size_t(pk.q_block(b, h, qb) * kBlockM)];
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
     store_row(bp.dq, p.dtype, seq.row_offset_q(bp.dq_strides, b, i, h), pk.d, dq_acc + r * pk.dp);
@@ -373,7 +373,7 @@ void run_passes(const BackwardParams& bp) {
         for (int64_t hq = hk * p.heads_per_kv(); hq < (hk + 1) * p.heads_per_kv(); ++hq)
           for (int64_t qb = 0; qb < blocks_of(seq.seqlen_q, kBlockM); ++qb)
             sink_partials[size_t((bb * p.heads_q + hq) * q_per_seq + qb)] = finish_query_block(
-                bp, pk, bb, hq, qb, &dq_all[size_t(pk.q_block(p, bb, hq, qb) * kBlockM * pk.dp)]);
+                bp, pk, bb, hq, qb, &dq_all[size_t(pk.q_block(bb, hq, qb) * kBlockM * pk.dp)]);
       }
     } else {
 #pragma omp for schedule(dynamic, 1)
