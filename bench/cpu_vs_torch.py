@@ -10,7 +10,12 @@ For each thread count and causal setting, this script times
 one after the other, never at the same time, and prints GFLOP/s and the ratio
 cpu_flash / torch. FLOPs = 4·B·H·N²·d, halved when causal.
 
+--pass bwd times the backward instead: torch's SDPA backward (torch.autograd.grad of its
+output, the forward excluded) against `flashtile bench --pass bwd` (cpu_flash's backward
+from its own forward's out and lse), FLOPs 2.5x the forward's.
+
     python3 bench/cpu_vs_torch.py --build build --threads 1,16 --output cpu_vs_torch.json
+    python3 bench/cpu_vs_torch.py --build build --threads 1 --pass bwd
 """
 import argparse
 import json
@@ -22,8 +27,8 @@ import sys
 import time
 
 
-def flops(b, h, n, d, causal):
-    return 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)
+def flops(b, h, n, d, causal, pass_="fwd"):
+    return 4.0 * b * h * n * n * d * (0.5 if causal else 1.0) * (2.5 if pass_ == "bwd" else 1.0)
 
 
 def cpu_model():
@@ -46,6 +51,16 @@ def time_torch(args, threads, causal):
     shape = (args.batch, args.heads, args.seqlen, args.head_dim)
     q, k, v = (torch.rand(shape, generator=gen) * 2 - 1 for _ in range(3))
     times = []
+    if args.pass_ == "bwd":
+        leaves = [x.requires_grad_() for x in (q, k, v)]
+        out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+        dout = torch.rand(shape, generator=gen) * 2 - 1
+        for i in range(args.warmup + args.repeats):
+            t0 = time.perf_counter()
+            torch.autograd.grad(out, leaves, dout, retain_graph=True)
+            if i >= args.warmup:
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e3
     with torch.no_grad():
         for _ in range(args.warmup):
             F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -60,7 +75,8 @@ def time_flashtile_cli(cli, args, threads, causal):
     cmd = [cli, "bench", "--backends", "cpu_flash", "--batch", str(args.batch),
            "--heads", str(args.heads), "--seqlen", str(args.seqlen),
            "--head-dim", str(args.head_dim), "--dtype", "f32", "--warmup", str(args.warmup),
-           "--repeats", str(args.repeats), "--threads", str(threads), "--json"]
+           "--repeats", str(args.repeats), "--threads", str(threads), "--json",
+           "--pass", args.pass_]
     if causal:
         cmd.append("--causal")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -71,6 +87,8 @@ def time_flashtile_cli(cli, args, threads, causal):
 
 
 def time_flashtile_micro(binary, args, threads, causal):
+    if args.pass_ != "fwd":
+        sys.exit("the micro-benchmark path times the forward only; build the flashtile CLI")
     if args.batch != 1:
         sys.exit("the micro-benchmark path runs batch 1 only; build the flashtile CLI")
     case = f"{args.seqlen},{args.head_dim},{int(causal)},{threads},{args.heads}"
@@ -109,6 +127,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--output", help="also write the rows to this JSON file")
+    parser.add_argument("--pass", dest="pass_", choices=["fwd", "bwd"], default="fwd",
+                        help="time the forward (default) or the backward")
     args = parser.parse_args()
 
     import torch
@@ -120,7 +140,7 @@ def main():
 
     print(f"# {cpu_model()}, {os.cpu_count()} CPUs; torch {torch.__version__}; "
           f"flashtile via {kind}: {path}")
-    print(f"# B={args.batch} H={args.heads} N={args.seqlen} d={args.head_dim} fp32; "
+    print(f"# {args.pass_}: B={args.batch} H={args.heads} N={args.seqlen} d={args.head_dim} fp32; "
           f"median of {args.repeats} after {args.warmup} warm-up calls")
     header = (f"{'threads':>7} {'causal':>6} {'torch ms':>10} {'torch GF/s':>10} "
               f"{'flash ms':>10} {'flash GF/s':>10} {'flash/torch':>11}")
@@ -128,10 +148,10 @@ def main():
     rows = []
     for threads in threads_list:
         for causal in causal_list:
-            f = flops(args.batch, args.heads, args.seqlen, args.head_dim, causal)
+            f = flops(args.batch, args.heads, args.seqlen, args.head_dim, causal, args.pass_)
             torch_ms = time_torch(args, threads, causal)
             flash_ms = timer(path, args, threads, causal)
-            row = {"threads": threads, "causal": causal, "batch": args.batch,
+            row = {"pass": args.pass_, "threads": threads, "causal": causal, "batch": args.batch,
                    "heads": args.heads, "seqlen": args.seqlen, "head_dim": args.head_dim,
                    "torch_ms": torch_ms, "torch_gflops": f / torch_ms / 1e6,
                    "cpu_flash_ms": flash_ms, "cpu_flash_gflops": f / flash_ms / 1e6,

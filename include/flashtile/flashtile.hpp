@@ -117,6 +117,14 @@ struct Options {
   float* lse = nullptr;
   Backend backend = Backend::automatic;
   void* stream = nullptr;  // cudaStream_t for CUDA backends; nullptr = default stream
+
+  // ---- backward only (forward ignores these) ----------------------------------------
+  // Bitwise-equal gradients run to run (any accumulation order fixed). Backends whose
+  // gradients are deterministic by construction (cpu_reference, cpu_flash) honour it always.
+  bool deterministic = false;
+  // Optional gradient of the sink logits: fp32, contiguous (heads_q), on the device of q;
+  // only with `sinks`. backward() overwrites it (it is a sum over every query row).
+  float* dsinks = nullptr;
 };
 
 // A packed variable-length batch, as flash_attn_varlen_func takes it. q, k, v and out are
@@ -174,6 +182,32 @@ Plan plan(const TensorView& q, const TensorView& k, const TensorView& v, const T
           const Options& options = {});
 Plan plan_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView& out, const Varlen& varlen, const Options& options = {});
+
+// The backward pass: given dout = ∂L/∂out, writes dq, dk, dv (= ∂L/∂q, ∂L/∂k, ∂L/∂v, in the
+// dtype and shape of q, k, v, any strides) and options.dsinks when given. `out` and `lse`
+// are what forward() returned for these inputs and options (lse: fp32, contiguous
+// [batch, heads_q, seqlen_q], [heads_q, total_q] varlen); P is recomputed from them, so no
+// N×N matrix is stored. GQA/MQA: dk and dv sum over the query heads of each kv head.
+// options.lse must be null (lse is an argument here). Everything is validated on the host
+// first; on error no gradient is written. The formulas are in docs/BACKWARD.md.
+void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+              const TensorView& dout, const float* lse, const TensorView& dq, const TensorView& dk,
+              const TensorView& dv, const Options& options = {});
+// The same over a packed variable-length batch (see Varlen and forward_varlen).
+void backward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& out, const TensorView& dout, const float* lse,
+                     const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                     const Varlen& varlen, const Options& options = {});
+// What backward would do (or the Error it would raise): its backend and workspace, the fp32
+// dQ accumulators and the row sums D = rowsum(dout∘out) included.
+Plan plan_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                   const TensorView& out, const TensorView& dout, const float* lse,
+                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                   const Options& options = {});
+Plan plan_backward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& out, const TensorView& dout, const float* lse,
+                          const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                          const Varlen& varlen, const Options& options = {});
 
 // The library's version (the one in CMakeLists.txt; flashtile.__version__ and
 // `flashtile --version` report the same).

@@ -88,4 +88,58 @@ Verification verify_forward(const TensorView& q, const TensorView& k, const Tens
                             const TensorView& out, const float* lse, const Options& options,
                             const Varlen* varlen = nullptr);
 
+// ---- the backward pass (docs/BACKWARD.md) -----------------------------------------------
+
+struct ReferenceGradients {
+  std::vector<double> dq, dk, dv;  // contiguous, the shapes of q, k, v (unused key rows: 0)
+  std::vector<double> dsinks;      // (heads_q); empty without sinks
+  // (heads_q) Σ_rows P_sink·Σ_c |dO·O|: how much dsinks moves per unit of relative error in
+  // out, which a 16-bit backward receives rounded (its D, and so dsinks, inherit that).
+  std::vector<double> dsinks_out_sensitivity;
+};
+
+// The gradient of sum(out ∘ dout) with respect to q, k, v (and the sinks), out being
+// reference_attention(q, k, v, options). `exact` differentiates in double, recomputing
+// P and D = rowsum(dout∘out) itself (nothing of a forward run is used). `lowprec` is the
+// 16-bit baseline of FlashAttention's rule: what a reference in the input dtype computes,
+// fp32 arithmetic with S, P, out, dP, D and dS each rounded to the input dtype and the
+// gradients rounded at the end (dsinks stay fp32). q, k, v, dout must be on the CPU;
+// dout has q's shape and dtype.
+ReferenceGradients reference_attention_backward(
+    const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
+    const Options& options = {}, ReferencePrecision precision = ReferencePrecision::exact);
+ReferenceGradients reference_attention_backward_varlen(
+    const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
+    const Varlen& varlen, const Options& options = {},
+    ReferencePrecision precision = ReferencePrecision::exact);
+
+// The backward rule on each of dq, dk, dv and dsinks:
+//  - float32: normwise relative error <= 1e-5 against the oracle;
+//  - float16/bfloat16: max|g − g_oracle| <= 2·max|g_lowprec − g_oracle| + 1e-4; for dsinks,
+//    a sum over every query row, plus 2·u·max_h dsinks_out_sensitivity (u the dtype's unit
+//    roundoff): the rounding of out, which every row's D inherits, adds up over the rows
+//    (see verify_gradients).
+// A non-finite gradient where the oracle is finite fails.
+struct GradientVerification {
+  double dq_error = 0, dq_bound = 0, dk_error = 0, dk_bound = 0, dv_error = 0, dv_bound = 0;
+  double dsinks_error = 0, dsinks_bound = 0;  // 0/0 when no dsinks were given
+  bool pass() const {
+    return dq_error <= dq_bound && dk_error <= dk_bound && dv_error <= dv_bound &&
+           dsinks_error <= dsinks_bound;
+  }
+};
+
+// Computes the references and applies the rule to dq, dk, dv (and dsinks when non-null)
+// computed from q, k, v, dout with `options` (over `varlen` when given); all on the CPU.
+GradientVerification verify_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const TensorView& dout, const TensorView& dq,
+                                     const TensorView& dk, const TensorView& dv,
+                                     const float* dsinks, const Options& options,
+                                     const Varlen* varlen = nullptr);
+// The same rule against references already computed (lowprec: needed for 16-bit dtypes).
+GradientVerification verify_gradients(const ReferenceGradients& exact,
+                                      const ReferenceGradients* lowprec, const TensorView& dq,
+                                      const TensorView& dk, const TensorView& dv,
+                                      const float* dsinks);
+
 }  // namespace flashtile

@@ -22,7 +22,8 @@ import numpy as np
 
 from . import _flashtile
 
-__all__ = ["attention", "attention_varlen", "backends", "plan", "plan_varlen", "BackendInfo"]
+__all__ = ["attention", "attention_varlen", "attention_backward", "attention_backward_varlen",
+           "backends", "plan", "plan_varlen", "BackendInfo"]
 
 _SUPPORTED = "float32, float16 or bfloat16"
 
@@ -383,6 +384,74 @@ def plan_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | None = 
                                  max_seqlen_k, seqused_k, causal, scale, window, softcap,
                                  alibi_slopes, sinks)
     return _plan(call, backend, options)
+
+
+def _run_backward(call: _Call, lse, sinks, backend: str, options: dict):
+    """Allocates dq, dk, dv (and dsinks) in the framework of q, runs the backward pass."""
+    _framework(lse, "lse", call.api)
+    lse_ = call._prepare("lse", lse, tensor=False)
+    a = call.arrays
+    grads = [call.empty(tuple(a[name].shape), call.dtype) for name in ("q", "k", "v")]
+    dsinks = dsinks_ = None
+    if sinks is not None:
+        dsinks, dsinks_ = call.empty((a["q"].shape[-2],), "float32")
+    _flashtile.backward(a["q"], a["k"], a["v"], a["out"], a["dout"], lse_,
+                        *(written for _, written in grads), dsinks_,
+                        call.args(backend, **options))
+    if call.framework == "dlpack" and call.device()[0] == "cuda":
+        _flashtile.cuda_synchronize(call.device()[1])
+    result = tuple(call.finish(returned) for returned, _ in grads)
+    return result + (call.finish(dsinks),) if sinks is not None else result
+
+
+def attention_backward(dout, q, k, v, out, lse, *, causal: bool = False,
+                       scale: float | None = None, window=(-1, -1), softcap: float = 0.0,
+                       alibi_slopes=None, sinks=None, deterministic: bool = False,
+                       backend: str = "auto"):
+    api = "flashtile.attention_backward"
+    options = _variant_options(api, causal, scale, window, softcap)
+    options["deterministic"] = _flag(deterministic, "deterministic", api)
+    call = _Call(api, {**_tensors(q, k, v, out), "dout": dout},
+                 _extras(alibi_slopes=alibi_slopes, sinks=sinks))
+    return _run_backward(call, lse, sinks, backend, options)
+
+
+attention_backward.__doc__ = """The gradients of flashtile.attention, in O(N·d) memory.
+
+    dout: the gradient of the loss with respect to out, shaped and typed like q. q, k, v
+    and the variant arguments as given to flashtile.attention; out and lse as it returned
+    them (attention(..., return_lse=True)): P is recomputed from lse, never stored.
+""" + _VARIANT_DOC + """    deterministic: bitwise-equal gradients run to run (the CPU backends always are).
+
+    Returns (dq, dk, dv), shaped and typed like q, k, v (GQA: dk, dv summed over each kv
+    head's query heads), or (dq, dk, dv, dsinks) when sinks are given, dsinks float32
+    (heads_q): the gradient of the sink logits. ALiBi slopes get no gradient. Arrays of q's
+    framework; errors as flashtile.attention (on error nothing is written). CUDA backends
+    have no backward yet (ValueError).
+    """
+
+
+def attention_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                              max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                              *, seqused_k=None, causal: bool = False,
+                              scale: float | None = None, window=(-1, -1), softcap: float = 0.0,
+                              alibi_slopes=None, sinks=None, deterministic: bool = False,
+                              backend: str = "auto"):
+    """The gradients of flashtile.attention_varlen (packed tensors; lse (heads_q, total_q)).
+
+    Arguments as attention_varlen plus dout, out and lse; returns as attention_backward.
+    Key rows outside every sequence's used keys get dk = dv = 0.
+    """
+    api = "flashtile.attention_backward_varlen"
+    options = _variant_options(api, causal, scale, window, softcap)
+    options["deterministic"] = _flag(deterministic, "deterministic", api)
+    options["max_seqlen_q"] = _optional_int(max_seqlen_q, "max_seqlen_q", api)
+    options["max_seqlen_k"] = _optional_int(max_seqlen_k, "max_seqlen_k", api)
+    call = _Call(api, {**_tensors(q, k, v, out), "dout": dout},
+                 _extras(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         seqused_k=seqused_k, alibi_slopes=alibi_slopes, sinks=sinks),
+                 packed=True)
+    return _run_backward(call, lse, sinks, backend, options)
 
 
 class BackendInfo(NamedTuple):

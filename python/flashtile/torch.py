@@ -13,10 +13,16 @@
   dropout_p=0 (anything else is refused with ValueError).
 - ``flash_attn_func`` and ``flash_attn_varlen_func``: the signatures of flash_attn's.
 
-Gradients: the ops' backward is a reference implementation in torch ops that
-materialises P (O(N^2) memory; for varlen O(total_q * total_k)): correct for every
-variant (window, softcap, ALiBi, sinks, varlen; ALiBi slopes and sinks get gradients too),
-traceable, not fast. flashtile's kernels are forward-only.
+Gradients: for CPU tensors (float32, float16, bfloat16) the ops' backward calls
+flashtile's backward kernels (cpu_flash, O(N·d) memory) through two more custom ops,
+``torch.ops.flashtile.attention_backward`` and ``attention_backward_varlen``; the sinks'
+gradient comes from the kernels too. Three cases take the reference backward instead, a
+plain-torch implementation that materialises P (O(N^2) memory; for varlen
+O(total_q * total_k)): CUDA tensors (until the CUDA backward kernels exist), a gradient
+flowing into the returned lse (the kernels take none), and ALiBi slopes that require grad
+(the kernels give the slopes no gradient). float64 CPU tensors run the reference forward
+and backward in float64 (the library's kernels take 16/32-bit floats): the path
+torch.autograd.gradcheck checks. The reference stays the test oracle of the kernels.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   scale: Optional[float], window_left: int, window_right: int, softcap: float,
                   alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if q.dtype == torch.float64:
+        return _reference_dense_forward(q, k, v, causal, scale, window_left, window_right,
+                                        softcap, alibi_slopes, sinks)
     return _api.attention(q, k, v, causal=causal, scale=scale,
                           window=(window_left, window_right), softcap=softcap,
                           alibi_slopes=alibi_slopes, sinks=sinks, return_lse=True,
@@ -52,7 +61,7 @@ def _attention_fake(q, k, v, causal, scale, window_left, window_right, softcap, 
     torch._check(q.dim() == 4, lambda: f"flashtile: q must be 4-D (BSHD), got {q.dim()}-D")
     batch, seqlen_q, heads_q, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+    lse = torch.empty((batch, heads_q, seqlen_q), dtype=_lse_dtype(q), device=q.device)
     return out, lse
 
 
@@ -65,6 +74,10 @@ def _attention_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          window_left: int, window_right: int, softcap: float,
                          alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
                          backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if q.dtype == torch.float64:
+        return _reference_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal,
+                                         scale, window_left, window_right, softcap,
+                                         alibi_slopes, sinks)
     return _api.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                  max_seqlen_k, seqused_k=seqused_k, causal=causal, scale=scale,
                                  window=(window_left, window_right), softcap=softcap,
@@ -82,8 +95,68 @@ def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                  lambda: f"flashtile: q must be 3-D (total_tokens, heads, head_dim), got {q.dim()}-D")
     total_q, heads_q, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((heads_q, total_q), dtype=torch.float32, device=q.device)
+    lse = torch.empty((heads_q, total_q), dtype=_lse_dtype(q), device=q.device)
     return out, lse
+
+
+def _lse_dtype(q: torch.Tensor) -> torch.dtype:
+    """float32, or float64 for the float64 reference path."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+# --- the kernels' backward as ops ----------------------------------------------------------------
+
+@torch.library.custom_op("flashtile::attention_backward", mutates_args=(), device_types=("cpu",))
+def _attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                           v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, causal: bool,
+                           scale: Optional[float], window_left: int, window_right: int,
+                           softcap: float, alibi_slopes: Optional[torch.Tensor],
+                           sinks: Optional[torch.Tensor], deterministic: bool, backend: str
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsinks) from flashtile.attention_backward; dsinks is empty (0,) without
+    sinks (an op cannot return None)."""
+    grads = _api.attention_backward(
+        dout, q, k, v, out, lse, causal=causal, scale=scale, window=(window_left, window_right),
+        softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, deterministic=deterministic,
+        backend=backend)
+    return grads if sinks is not None else grads + (_no_dsinks(q),)
+
+
+def _no_dsinks(q: torch.Tensor) -> torch.Tensor:
+    return torch.empty((0,), dtype=torch.float32, device=q.device)
+
+
+def _backward_fake(dout, q, k, v, out, lse, *args):
+    sinks = args[-3]
+    heads_q = q.shape[-2]
+    dsinks = (torch.empty((heads_q,), dtype=torch.float32, device=q.device) if sinks is not None
+              else _no_dsinks(q))
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty(k.shape, dtype=k.dtype, device=k.device),
+            torch.empty(v.shape, dtype=v.dtype, device=v.device), dsinks)
+
+
+_attention_backward_op.register_fake(_backward_fake)
+
+
+@torch.library.custom_op("flashtile::attention_backward_varlen", mutates_args=(),
+                         device_types=("cpu",))
+def _attention_backward_varlen_op(
+        dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], causal: bool,
+        scale: Optional[float], window_left: int, window_right: int, softcap: float,
+        alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor], deterministic: bool,
+        backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """flashtile.attention_backward_varlen as attention_backward's op."""
+    grads = _api.attention_backward_varlen(
+        dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k=seqused_k, causal=causal,
+        scale=scale, window=(window_left, window_right), softcap=softcap,
+        alibi_slopes=alibi_slopes, sinks=sinks, deterministic=deterministic, backend=backend)
+    return grads if sinks is not None else grads + (_no_dsinks(q),)
+
+
+_attention_backward_varlen_op.register_fake(_backward_fake)
 
 
 # --- the reference backward --------------------------------------------------------------------
@@ -133,6 +206,30 @@ def _varlen_geometry(cu_seqlens_q, cu_seqlens_k, seqused_k, total_q: int, total_
     return visible[None, None], rel.abs().float()[None, None], seq_q
 
 
+def _logits(Q, K, visible, distance, slope, scale, softcap):
+    """S (G, H, Sq, Sk) with every variant, -inf where masked, and tanh(S_raw / softcap)
+    (None without a softcap)."""
+    S = torch.matmul(Q, K.transpose(-1, -2)) * scale                   # (G, H, Sq, Sk)
+    capped = None
+    if softcap:
+        capped = torch.tanh(S / softcap)
+        S = softcap * capped
+    if slope is not None:
+        S = S - slope * distance
+    return S.masked_fill(~visible, float("-inf")), capped
+
+
+def _reference_forward(Q, K, V, visible, distance, slope, sink, scale, softcap):
+    """Standard attention (out (G, H, Sq, D), lse (G, H, Sq)) in the precision of Q: the
+    float64 path's forward. A row with no visible key and no sink gives 0 and -inf."""
+    S, _ = _logits(Q, K, visible, distance, slope, scale, softcap)
+    scores = S if sink is None else torch.cat([S, sink.expand(*S.shape[:-1], 1)], dim=-1)
+    lse = torch.logsumexp(scores, dim=-1)                               # (G, H, Sq)
+    m = lse.unsqueeze(-1)
+    P = torch.exp(S - m).masked_fill(torch.isneginf(m), 0.0)
+    return torch.matmul(P, V), lse
+
+
 def _scores_backward(Q, K, V, O, dO, lse, dlse, visible, distance, slope, sink, scale,
                      softcap):
     """Gradients of standard attention with every variant, recomputed from the forward's lse.
@@ -143,15 +240,7 @@ def _scores_backward(Q, K, V, O, dO, lse, dlse, visible, distance, slope, sink, 
     heads), the ALiBi term -Σ_j dS·|rel| (G, H, Sq) or None, and the sink gradient (H,)
     or None.
     """
-    S_raw = torch.matmul(Q, K.transpose(-1, -2)) * scale               # (G, H, Sq, Sk)
-    if softcap:
-        capped = torch.tanh(S_raw / softcap)
-        S = softcap * capped
-    else:
-        S = S_raw
-    if slope is not None:
-        S = S - slope * distance
-    S = S.masked_fill(~visible, float("-inf"))
+    S, capped = _logits(Q, K, visible, distance, slope, scale, softcap)
     m = lse.unsqueeze(-1)                                               # (G, H, Sq, 1)
     empty = torch.isneginf(m)  # rows that saw no key and no sink: P = 0
     P = torch.exp(S - m).masked_fill(empty, 0.0)                        # (G, H, Sq, Sk)
@@ -167,7 +256,7 @@ def _scores_backward(Q, K, V, O, dO, lse, dlse, visible, distance, slope, sink, 
         # The sink is a key of logit s and value 0: dS_sink = P_sink * (0 - D + dlse).
         P_sink = torch.exp(sink - m).masked_fill(empty, 0.0)            # (G, H, Sq, 1)
         dsink = (P_sink * (g - D)).sum(dim=(0, 2, 3))                   # (H,)
-    if softcap:
+    if capped is not None:
         dS = dS * (1.0 - capped * capped)
     dQ = torch.matmul(dS, K) * scale                                    # (G, H, Sq, D)
     dK = torch.matmul(dS.transpose(-1, -2), Q) * scale                  # (G, H, Sk, D)
@@ -189,32 +278,90 @@ def _window(causal: bool, left: int, right: int) -> tuple[int, int]:
     return left, 0 if causal else right
 
 
+def _kernel_backend(backend: str) -> str:
+    """The backward's backend: the forward's when it has a backward, else automatic."""
+    return backend if backend in ("cpu_flash", "cpu_reference") else "auto"
+
+
+def _use_kernels(ctx, q: torch.Tensor, grad_lse, slopes_index: int) -> bool:
+    """Whether the kernels can give this backward (see the module docstring). Decided from
+    devices, dtypes and which gradients exist, never from values, so tracing sees one path."""
+    return (q.device.type == "cpu" and q.dtype != torch.float64 and grad_lse is None
+            and not ctx.needs_input_grad[slopes_index])
+
+
+def _acc_dtype(q: torch.Tensor) -> torch.dtype:
+    """The reference backward's precision: float64 on the float64 path, else float32."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _reference_dense_forward(q, k, v, causal, scale, left, right, softcap, alibi_slopes, sinks):
+    """The dense op's float64 forward, in torch ops: (out BSHD, lse (B, Hq, Sq))."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    scale = scale if scale is not None else head_dim ** -0.5
+    visible, distance = _dense_geometry(seqlen_q, seqlen_k, *_window(causal, left, right), q.device)
+    slope = _dense_slope(alibi_slopes, heads_q, q.dtype)
+    sink = sinks.to(q.dtype).reshape(1, heads_q, 1, 1) if sinks is not None else None
+    group = heads_q // heads_kv
+    bhsd = lambda x: x.transpose(1, 2)                                  # BSHD -> (B, H, S, D)
+    out, lse = _reference_forward(bhsd(q), _expand_kv(bhsd(k), group), _expand_kv(bhsd(v), group),
+                                  visible, distance.to(q.dtype), slope, sink, scale, softcap)
+    return out.transpose(1, 2).contiguous(), lse
+
+
+def _dense_slope(alibi_slopes, heads_q: int, dtype):
+    """(Hq) or (B, Hq) slopes -> broadcastable to (B, Hq, Sq, 1), or None."""
+    if alibi_slopes is None:
+        return None
+    return alibi_slopes.to(dtype).reshape(-1 if alibi_slopes.dim() == 2 else 1, heads_q, 1, 1)
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, left, right, softcap, alibi_slopes, sinks, _backend = inputs
+    q, k, v, causal, scale, left, right, softcap, alibi_slopes, sinks, backend = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks)
+    ctx.causal, ctx.left, ctx.right = causal, left, right
     ctx.window = _window(causal, left, right)
-    ctx.scale, ctx.softcap = scale, softcap
+    ctx.scale, ctx.softcap, ctx.backend = scale, softcap, backend
+    ctx.set_materialize_grads(False)  # an unused lse gives None: the kernels' case
 
 
 def _backward(ctx, grad_out, grad_lse):
-    """Reference backward in plain torch ops (fp32), from the saved lse (O(N^2) memory)."""
+    """The kernels' backward for CPU tensors, else the reference (see the module docstring)."""
     q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
+    if grad_out is None and grad_lse is None:
+        return (None,) * 11
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    if _use_kernels(ctx, q, grad_lse, 8):
+        dq, dk, dv, dsinks = _attention_backward_op(
+            _head_dim_contiguous(grad_out), q, k, v, out, lse, ctx.causal, ctx.scale, ctx.left,
+            ctx.right, ctx.softcap, alibi_slopes, sinks, False, _kernel_backend(ctx.backend))
+        dsinks = dsinks.to(sinks.dtype) if sinks is not None and ctx.needs_input_grad[9] else None
+        return dq, dk, dv, None, None, None, None, None, None, dsinks, None
+    return _reference_dense_backward(ctx, q, k, v, out, lse, alibi_slopes, sinks, grad_out,
+                                     grad_lse)
+
+
+def _reference_dense_backward(ctx, q, k, v, out, lse, alibi_slopes, sinks, grad_out, grad_lse):
+    """Reference backward in plain torch ops (fp32; fp64 on the float64 path), from the saved
+    lse (O(N^2) memory)."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
     scale = ctx.scale if ctx.scale is not None else head_dim ** -0.5
-    f32 = torch.float32
-    bhsd = lambda x: x.to(f32).transpose(1, 2)                          # BSHD -> (B, H, S, D)
+    acc = _acc_dtype(q)
+    if grad_lse is None:
+        grad_lse = torch.zeros_like(lse)
+    bhsd = lambda x: x.to(acc).transpose(1, 2)                          # BSHD -> (B, H, S, D)
     visible, distance = _dense_geometry(seqlen_q, seqlen_k, *ctx.window, q.device)
-    slope = None
-    if alibi_slopes is not None:  # (Hq) or (B, Hq) -> broadcastable to (B, Hq, Sq, 1)
-        slope = alibi_slopes.to(f32).reshape(-1 if alibi_slopes.dim() == 2 else 1, heads_q, 1, 1)
-    sink = sinks.to(f32).reshape(1, heads_q, 1, 1) if sinks is not None else None
+    slope = _dense_slope(alibi_slopes, heads_q, acc)
+    sink = sinks.to(acc).reshape(1, heads_q, 1, 1) if sinks is not None else None
     dQ, dK, dV, alibi_term, dsink = _scores_backward(
         bhsd(q), _expand_kv(bhsd(k), group), _expand_kv(bhsd(v), group), bhsd(out),
-        bhsd(grad_out), lse, grad_lse.to(f32), visible, distance, slope, sink, scale,
-        ctx.softcap)
+        bhsd(grad_out), lse.to(acc), grad_lse.to(acc), visible, distance.to(acc), slope, sink,
+        scale, ctx.softcap)
     dslopes = None
     if alibi_term is not None and ctx.needs_input_grad[8]:
         dslopes = alibi_term.sum(-1)                                    # (B, Hq)
@@ -229,43 +376,87 @@ def _backward(ctx, grad_out, grad_lse):
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _varlen_slope(alibi_slopes, seq_q, heads_q: int, dtype):
+    """(Hq) -> (1, Hq, 1, 1); (B, Hq) -> each packed row's sequence (1, Hq, Tq, 1); or None."""
+    if alibi_slopes is None:
+        return None
+    slopes = alibi_slopes.to(dtype)
+    return (slopes[seq_q].transpose(0, 1)[None, :, :, None] if slopes.dim() == 2
+            else slopes.reshape(1, heads_q, 1, 1))
+
+
+def _reference_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale,
+                              left, right, softcap, alibi_slopes, sinks):
+    """The varlen op's float64 forward: (out (Tq, Hq, D), lse (Hq, Tq))."""
+    total_q, heads_q, head_dim = q.shape
+    total_k, heads_kv = k.shape[0], k.shape[1]
+    scale = scale if scale is not None else head_dim ** -0.5
+    visible, distance, seq_q = _varlen_geometry(cu_seqlens_q, cu_seqlens_k, seqused_k, total_q,
+                                                total_k, *_window(causal, left, right), q.device)
+    slope = _varlen_slope(alibi_slopes, seq_q, heads_q, q.dtype)
+    sink = sinks.to(q.dtype).reshape(1, heads_q, 1, 1) if sinks is not None else None
+    group = heads_q // heads_kv
+    hsd = lambda x: x.transpose(0, 1).unsqueeze(0)                     # (T, H, D) -> (1, H, T, D)
+    out, lse = _reference_forward(hsd(q), _expand_kv(hsd(k), group), _expand_kv(hsd(v), group),
+                                  visible, distance.to(q.dtype), slope, sink, scale, softcap)
+    return out[0].transpose(0, 1).contiguous(), lse[0]
+
+
 def _setup_varlen_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, _max_q, _max_k, seqused_k, causal, scale, left, right,
-     softcap, alibi_slopes, sinks, _backend) = inputs
+     softcap, alibi_slopes, sinks, backend) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                           alibi_slopes, sinks)
+    ctx.causal, ctx.left, ctx.right = causal, left, right
     ctx.window = _window(causal, left, right)
-    ctx.scale, ctx.softcap = scale, softcap
+    ctx.scale, ctx.softcap, ctx.backend = scale, softcap, backend
+    ctx.set_materialize_grads(False)
 
 
 def _varlen_backward(ctx, grad_out, grad_lse):
-    """The reference backward over the packed batch as one block-diagonal problem."""
+    """The kernels' varlen backward for CPU tensors, else the reference."""
     (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
      sinks) = ctx.saved_tensors
+    if grad_out is None and grad_lse is None:
+        return (None,) * 16
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    if _use_kernels(ctx, q, grad_lse, 13):
+        dq, dk, dv, dsinks = _attention_backward_varlen_op(
+            _head_dim_contiguous(grad_out), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+            seqused_k, ctx.causal, ctx.scale, ctx.left, ctx.right, ctx.softcap, alibi_slopes,
+            sinks, False, _kernel_backend(ctx.backend))
+        dsinks = dsinks.to(sinks.dtype) if sinks is not None and ctx.needs_input_grad[14] else None
+        return (dq, dk, dv) + (None,) * 11 + (dsinks, None)
+    return _reference_varlen_backward(ctx, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                      seqused_k, alibi_slopes, sinks, grad_out, grad_lse)
+
+
+def _reference_varlen_backward(ctx, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                               alibi_slopes, sinks, grad_out, grad_lse):
+    """The reference backward over the packed batch as one block-diagonal problem."""
     total_q, heads_q, head_dim = q.shape
     total_k, heads_kv = k.shape[0], k.shape[1]
     group = heads_q // heads_kv
     scale = ctx.scale if ctx.scale is not None else head_dim ** -0.5
-    f32 = torch.float32
-    hsd = lambda x: x.to(f32).transpose(0, 1).unsqueeze(0)              # (T, H, D) -> (1, H, T, D)
+    acc = _acc_dtype(q)
+    if grad_lse is None:
+        grad_lse = torch.zeros_like(lse)
+    hsd = lambda x: x.to(acc).transpose(0, 1).unsqueeze(0)              # (T, H, D) -> (1, H, T, D)
     visible, distance, seq_q = _varlen_geometry(cu_seqlens_q, cu_seqlens_k, seqused_k,
                                                 total_q, total_k, *ctx.window, q.device)
-    slope = None
-    if alibi_slopes is not None:  # (Hq) -> (1, Hq, 1, 1); (B, Hq) -> each row's sequence
-        slopes = alibi_slopes.to(f32)
-        slope = (slopes[seq_q].transpose(0, 1)[None, :, :, None] if slopes.dim() == 2
-                 else slopes.reshape(1, heads_q, 1, 1))
-    sink = sinks.to(f32).reshape(1, heads_q, 1, 1) if sinks is not None else None
+    slope = _varlen_slope(alibi_slopes, seq_q, heads_q, acc)
+    sink = sinks.to(acc).reshape(1, heads_q, 1, 1) if sinks is not None else None
     dQ, dK, dV, alibi_term, dsink = _scores_backward(
         hsd(q), _expand_kv(hsd(k), group), _expand_kv(hsd(v), group), hsd(out), hsd(grad_out),
-        lse.unsqueeze(0), grad_lse.to(f32).unsqueeze(0), visible, distance, slope, sink, scale,
-        ctx.softcap)
+        lse.to(acc).unsqueeze(0), grad_lse.to(acc).unsqueeze(0), visible, distance.to(acc),
+        slope, sink, scale, ctx.softcap)
     dslopes = None
     if alibi_term is not None and ctx.needs_input_grad[13]:
         per_row = alibi_term[0].transpose(0, 1)                         # (Tq, Hq)
         if alibi_slopes.dim() == 2:
-            dslopes = torch.zeros(alibi_slopes.shape, dtype=f32, device=q.device)
+            dslopes = torch.zeros(alibi_slopes.shape, dtype=acc, device=q.device)
             dslopes = dslopes.index_add(0, seq_q, per_row)
         else:
             dslopes = per_row.sum(0)

@@ -5,7 +5,8 @@
 // Allocation of outputs and the choice of CUDA stream are the Python layer's job
 // (python/flashtile/_api.py); this file only turns arrays into TensorViews, releases the
 // GIL and calls flashtile::forward or forward_varlen (packed 3-D tensors with cu_seqlens),
-// whose flashtile::Error becomes ValueError/TypeError. Variant parameters (ALiBi slopes,
+// (or flashtile::backward / backward_varlen for the gradients), whose flashtile::Error becomes
+// ValueError/TypeError. Variant parameters (ALiBi slopes,
 // sinks) and cu_seqlens are arrays too, read in place on q's device.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -123,7 +124,8 @@ flashtile::TensorView to_view(const Api& api, const NdArray& a, const char* name
 
 // lse must be the fp32, C-contiguous buffer Options::lse points to: [batch, heads_q,
 // seqlen_q], or [heads_q, total_q] for a packed call.
-float* lse_pointer(const Api& api, const nb::ndarray<>& lse, const flashtile::TensorView& q) {
+template <class NdArray>
+float* lse_pointer(const Api& api, const NdArray& lse, const flashtile::TensorView& q) {
   std::vector<int64_t> expected = {q.batch(), q.heads(), q.seqlen()};
   if (api.packed) expected = {q.heads(), q.seqlen()};
   const size_t ndim = expected.size();
@@ -151,7 +153,7 @@ float* lse_pointer(const Api& api, const nb::ndarray<>& lse, const flashtile::Te
   if (!(device_of(api, lse, "lse") == q.device))
     fail(api, ErrorKind::invalid_argument, "lse must be on the device of q (",
          flashtile::device_name(q.device), ")");
-  return static_cast<float*>(lse.data());
+  return static_cast<float*>(const_cast<void*>(static_cast<const void*>(lse.data())));
 }
 
 // ALiBi slopes or sinks: fp32, any strides. Shapes and the device are the library's to
@@ -225,13 +227,16 @@ struct CallArgs {
   std::string backend = "auto";
   uintptr_t stream = 0;  // cudaStream_t; 0 = the default stream
   bool uint16_is_bf16 = false;
+  bool deterministic = false;  // backward only
 };
 
+// `entry` names the Python function ("flashtile.attention", "flashtile.attention_backward");
+// a packed call appends "_varlen".
 Call make_call(const Array& q, const Array& k, const Array& v, const Array& out,
-               const CallArgs& args) {
+               const CallArgs& args, const std::string& entry = "flashtile.attention") {
   Call call;
   call.api.packed = args.cu_seqlens_q.has_value();
-  call.api.name = call.api.packed ? "flashtile.attention_varlen" : "flashtile.attention";
+  call.api.name = call.api.packed ? entry + "_varlen" : entry;
   const Api& api = call.api;
   call.q = to_view(api, q, "q", args.uint16_is_bf16);
   call.k = to_view(api, k, "k", args.uint16_is_bf16);
@@ -247,6 +252,7 @@ Call make_call(const Array& q, const Array& k, const Array& v, const Array& out,
   if (args.sinks) options.sinks = param_view(api, *args.sinks, "sinks");
   options.backend = to_backend(api, args.backend);
   options.stream = reinterpret_cast<void*>(args.stream);
+  options.deterministic = args.deterministic;
 
   if (call.api.packed) {
     if (!args.cu_seqlens_k)
@@ -298,6 +304,44 @@ void forward(const Array& q, const Array& k, const Array& v, const nb::ndarray<>
       flashtile::forward_varlen(call.q, call.k, call.v, call.out, *call.varlen, call.options);
     else
       flashtile::forward(call.q, call.k, call.v, call.out, call.options);
+  });
+}
+
+// Writes dq, dk, dv (and dsinks, fp32 (heads_q) C-contiguous, when given) for dout, from
+// forward's out and lse (read only).
+void backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& dout,
+              const Array& lse, const nb::ndarray<>& dq, const nb::ndarray<>& dk,
+              const nb::ndarray<>& dv, const std::optional<nb::ndarray<>>& dsinks,
+              const CallArgs& args) {
+  Call call = make_call(q, k, v, out, args, "flashtile.attention_backward");
+  const Api& api = call.api;
+  const flashtile::TensorView dout_view = to_view(api, dout, "dout", args.uint16_is_bf16);
+  const flashtile::TensorView dq_view = to_view(api, Array(dq), "dq", args.uint16_is_bf16);
+  const flashtile::TensorView dk_view = to_view(api, Array(dk), "dk", args.uint16_is_bf16);
+  const flashtile::TensorView dv_view = to_view(api, Array(dv), "dv", args.uint16_is_bf16);
+  const float* lse_data = lse_pointer(api, lse, call.q);
+  if (dsinks) {
+    const nb::ndarray<>& d = *dsinks;
+    if (!is_dtype(d.dtype(), nb::dlpack::dtype_code::Float, 32))
+      fail(api, ErrorKind::dtype, "dsinks.dtype must be float32, got ", dtype_string(d.dtype()));
+    if (d.ndim() != 1 || static_cast<int64_t>(d.shape(0)) != call.q.heads())
+      fail(api, ErrorKind::invalid_argument, "dsinks must be shaped (heads_q,) = (",
+           std::to_string(call.q.heads()), ",)");
+    if (d.shape(0) > 1 && d.stride(0) != 1)
+      fail(api, ErrorKind::invalid_argument, "dsinks must be contiguous");
+    if (!(device_of(api, d, "dsinks") == call.q.device))
+      fail(api, ErrorKind::invalid_argument, "dsinks must be on the device of q (",
+           flashtile::device_name(call.q.device), ")");
+    call.options.dsinks = static_cast<float*>(d.data());
+  }
+  nb::gil_scoped_release release;
+  call_library(call, [&] {
+    if (call.varlen)
+      flashtile::backward_varlen(call.q, call.k, call.v, call.out, dout_view, lse_data, dq_view,
+                                 dk_view, dv_view, *call.varlen, call.options);
+    else
+      flashtile::backward(call.q, call.k, call.v, call.out, dout_view, lse_data, dq_view, dk_view,
+                          dv_view, call.options);
   });
 }
 
@@ -403,10 +447,15 @@ NB_MODULE(_flashtile, m) {
       .def_rw("max_seqlen_k", &CallArgs::max_seqlen_k)
       .def_rw("backend", &CallArgs::backend)
       .def_rw("stream", &CallArgs::stream)
-      .def_rw("uint16_is_bf16", &CallArgs::uint16_is_bf16);
+      .def_rw("uint16_is_bf16", &CallArgs::uint16_is_bf16)
+      .def_rw("deterministic", &CallArgs::deterministic);
   m.def("forward", &forward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "args"_a,
         "Writes attention(q, k, v) into out (and lse); BSHD views (packed 3-D views when "
         "args.cu_seqlens_q is set), nothing copied.");
+  m.def("backward", &backward, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a,
+        "dv"_a, "dsinks"_a.none(), "args"_a,
+        "Writes the gradients dq, dk, dv (and dsinks) of attention for dout, from forward's "
+        "out and lse; views as forward's, nothing copied.");
   m.def("plan", &plan, "q"_a, "k"_a, "v"_a, "out"_a, "args"_a,
         "(backend name, workspace bytes) forward would use, or the error it would raise.");
   m.def("empty", &empty, "shape"_a, "dtype"_a, "device_type"_a, "device"_a);

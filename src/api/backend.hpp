@@ -22,6 +22,11 @@ struct BackendEntry {
   // backend sizes its allocation with this same function, so the report is what it uses.
   int64_t (*workspace_bytes)(const AttentionParams&);
   void (*run)(const AttentionParams&);
+  // The backward pass, for backends that have one (null: backward refuses this backend).
+  // It supports what unsupported_reason accepts; its workspace (D, fp32 dQ accumulators,
+  // scratch) is sized by the same function it allocates with.
+  int64_t (*backward_workspace_bytes)(const BackwardParams&) = nullptr;
+  void (*run_backward)(const BackwardParams&) = nullptr;
 };
 
 inline int64_t no_workspace(const AttentionParams&) { return 0; }

@@ -23,8 +23,16 @@ template <class... Parts>
   throw Error(kind, message.str());
 }
 
+// Why `entry` cannot run p: forward's reason, and for a backward call also a missing backward.
+std::string refusal(const detail::BackendEntry& entry, const detail::AttentionParams& p,
+                    bool backward) {
+  if (backward && entry.run_backward == nullptr)
+    return std::string(backend_name(entry.id)) + " has no backward pass";
+  return entry.unsupported_reason(p);
+}
+
 const detail::BackendEntry& choose(const detail::AttentionParams& p, DeviceType device,
-                                   Backend requested, const char* api) {
+                                   Backend requested, const char* api, bool backward = false) {
   if (requested != Backend::automatic) {
     // Where a backend runs is known even when it is not compiled in, so a device mismatch
     // is reported the same way in every build.
@@ -38,7 +46,7 @@ const detail::BackendEntry& choose(const detail::AttentionParams& p, DeviceType 
            " is not compiled into this build");
     if (std::string why = entry->unavailable_reason(); !why.empty())
       fail(api, ErrorKind::unsupported, "backend ", backend_name(requested), " is not available: ", why);
-    if (std::string why = entry->unsupported_reason(p); !why.empty())
+    if (std::string why = refusal(*entry, p, backward); !why.empty())
       fail(api, ErrorKind::unsupported, "backend ", backend_name(requested), " cannot run this call: ",
            why);
     return *entry;
@@ -48,7 +56,7 @@ const detail::BackendEntry& choose(const detail::AttentionParams& p, DeviceType 
   for (const auto& entry : detail::backend_registry()) {
     if (entry.device != device) continue;
     std::string why = entry.unavailable_reason();
-    if (why.empty()) why = entry.unsupported_reason(p);
+    if (why.empty()) why = refusal(entry, p, backward);
     if (!why.empty()) {
       reasons += std::string("; ") + std::string(backend_name(entry.id)) + ": " + why;
       continue;
@@ -156,7 +164,56 @@ void run_call(const detail::CallArgs& call) {
   choose(p, call.q.device.type, call.options.backend, call.api).run(p);
 }
 
+detail::BackwardArgs grads(const TensorView& dout, const float* lse, const TensorView& dq,
+                           const TensorView& dk, const TensorView& dv) {
+  return {dout, lse, dq, dk, dv};
+}
+
+Plan plan_backward_call(const detail::CallArgs& call, const detail::BackwardArgs& g) {
+  const detail::BackwardParams p = detail::validate_backward(call, g);
+  const detail::BackendEntry& entry =
+      choose(p.fwd, call.q.device.type, call.options.backend, call.api, /*backward=*/true);
+  return {entry.id, entry.backward_workspace_bytes(p)};
+}
+
+void run_backward_call(const detail::CallArgs& call, const detail::BackwardArgs& g) {
+  const detail::BackwardParams p = detail::validate_backward(call, g);
+  choose(p.fwd, call.q.device.type, call.options.backend, call.api, /*backward=*/true)
+      .run_backward(p);
+}
+
 }  // namespace
+
+void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+              const TensorView& dout, const float* lse, const TensorView& dq, const TensorView& dk,
+              const TensorView& dv, const Options& options) {
+  run_backward_call({q, k, v, &out, nullptr, options, "flashtile::backward"},
+                    grads(dout, lse, dq, dk, dv));
+}
+
+void backward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& out, const TensorView& dout, const float* lse,
+                     const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                     const Varlen& varlen, const Options& options) {
+  run_backward_call({q, k, v, &out, &varlen, options, "flashtile::backward_varlen"},
+                    grads(dout, lse, dq, dk, dv));
+}
+
+Plan plan_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                   const TensorView& out, const TensorView& dout, const float* lse,
+                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                   const Options& options) {
+  return plan_backward_call({q, k, v, &out, nullptr, options, "flashtile::backward"},
+                            grads(dout, lse, dq, dk, dv));
+}
+
+Plan plan_backward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& out, const TensorView& dout, const float* lse,
+                          const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                          const Varlen& varlen, const Options& options) {
+  return plan_backward_call({q, k, v, &out, &varlen, options, "flashtile::backward_varlen"},
+                            grads(dout, lse, dq, dk, dv));
+}
 
 Plan plan(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
           const Options& options) {

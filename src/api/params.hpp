@@ -69,6 +69,33 @@ struct AttentionParams {
   }
 };
 
+// Strides in elements of one more BSHD view with the shape of q (or of k), BSH order; batch
+// 0 for varlen. SeqlenInfo turns them into offsets (row_offset_q / row_offset_k).
+struct ViewStrides {
+  int64_t batch = 0, row = 0, head = 0;
+};
+
+// The backward pass: the forward's parameters (o and lse are inputs here) and the gradients.
+struct BackwardParams {
+  AttentionParams fwd;
+  const void* dout = nullptr;  // shape and dtype of q
+  void* dq = nullptr;          // shape and dtype of q
+  void* dk = nullptr;          // shape and dtype of k
+  void* dv = nullptr;          // shape and dtype of v
+  ViewStrides dout_strides, dq_strides, dk_strides, dv_strides;
+  float* dsinks = nullptr;     // (heads_q) contiguous fp32, or null
+  bool deterministic = false;
+};
+
+// The gradient arguments of a backward call.
+struct BackwardArgs {
+  const TensorView& dout;
+  const float* lse;
+  const TensorView& dq;
+  const TensorView& dk;
+  const TensorView& dv;
+};
+
 // Which call is being validated: forward() (out given), the oracle (no out) or
 // forward_varlen() (varlen given).
 struct CallArgs {
@@ -85,6 +112,10 @@ struct CallArgs {
 // variant parameters, cu_seqlens) and builds the params; throws flashtile::Error naming the
 // argument on any problem.
 AttentionParams validate(const CallArgs& call);
+// The same for backward(): call.out is forward's output (an input here), call.options.lse
+// must be null, and `grads` is checked in the same style (shapes, dtypes, devices, every
+// output against every input and every other output).
+BackwardParams validate_backward(const CallArgs& call, const BackwardArgs& grads);
 
 // One-line description of the variant, for unsupported_reason messages ("window (128, 0)").
 std::string describe_variant(const AttentionParams& p);

@@ -35,6 +35,7 @@ class Validator {
  public:
   explicit Validator(const CallArgs& call) : call_(call) {}
   AttentionParams run();
+  BackwardParams run_backward(const BackwardArgs& grads);
 
  private:
   template <class... Parts>
@@ -94,6 +95,10 @@ class Validator {
   // Reads the varlen arrays on the host (device arrays in one batch), or fails naming one.
   void read_int32(const std::vector<NamedInt32Read>& reads) const;
   void normalise_window(AttentionParams& p) const;
+  // A view of backward shaped as `like` (dout, dq, dk, dv): checked as q is, with q's dtype
+  // and device and like's shape; returns its strides.
+  ViewStrides check_gradient(const TensorView& grad, const TensorView& like, const char* name,
+                             const char* like_name);
 
   const CallArgs& call_;
   std::vector<Footprint> inputs_;  // q, k, v, slopes, sinks (then out): what out and lse must not overlap
@@ -393,9 +398,94 @@ AttentionParams Validator::run() {
   return p;
 }
 
+ViewStrides Validator::check_gradient(const TensorView& grad, const TensorView& like,
+                                      const char* name, const char* like_name) {
+  check_view(grad, name);
+  if (grad.dtype != call_.q.dtype)
+    fail(ErrorKind::dtype, name, ".dtype must match q.dtype (expected ", dtype_name(call_.q.dtype),
+         ", got ", dtype_name(grad.dtype), ")");
+  if (!(grad.device == call_.q.device))
+    fail(ErrorKind::invalid_argument, name, ".device must match q.device (expected ",
+         device_name(call_.q.device), ", got ", device_name(grad.device), ")");
+  for (int i = 0; i < 4; ++i)
+    if (grad.shape[i] != like.shape[i])
+      fail(ErrorKind::invalid_argument, name, ".shape[", i, "] must equal ", like_name, ".shape[",
+           i, "] (expected ", like.shape[i], ", got ", grad.shape[i], ")");
+  return {call_.varlen != nullptr ? 0 : grad.strides[0], grad.strides[1], grad.strides[2]};
+}
+
+BackwardParams Validator::run_backward(const BackwardArgs& grads) {
+  if (call_.options.lse != nullptr)
+    fail(ErrorKind::invalid_argument,
+         "options.lse must be null: it is forward's output; backward takes the saved lse as "
+         "its `lse` argument");
+  BackwardParams bp;
+  bp.fwd = run();  // q, k, v, out (an input here), the variant, varlen
+  const AttentionParams& p = bp.fwd;
+
+  // Inputs: dout, lse.
+  bp.dout_strides = check_gradient(grads.dout, call_.q, "dout", "q");
+  inputs_.push_back(view_footprint(grads.dout, "dout"));
+  if (grads.lse == nullptr)
+    fail(ErrorKind::invalid_argument, "lse is null: backward needs the log-sum-exp forward "
+                                      "returned (fp32, [batch, heads_q, seqlen_q])");
+  const int64_t lse_elements = call_.varlen != nullptr ? mul(p.heads_q, p.total_q, "lse")
+                                                       : mul(p.batch, p.lse_batch_stride, "lse");
+  inputs_.push_back(footprint(grads.lse, {lse_elements}, {1}, int64_t(sizeof(float)), "lse"));
+
+  // Outputs: each against itself, every input and the outputs before it.
+  std::vector<Footprint> outputs;
+  auto check_output = [&](const Footprint& f, const TensorView* view) {
+    if (view != nullptr && self_overlap(f.layout) != Overlap::no)
+      fail(ErrorKind::invalid_argument, f.name, " must not overlap itself: its strides (",
+           view->strides[0], ", ", view->strides[1], ", ", view->strides[2], ", ",
+           view->strides[3], ") map distinct elements to the same memory");
+    for (const Footprint& input : inputs_)
+      if (overlaps(f, input))
+        fail(ErrorKind::invalid_argument, f.name, " must not overlap ", input.name);
+    for (const Footprint& other : outputs)
+      if (overlaps(f, other))
+        fail(ErrorKind::invalid_argument, f.name, " must not overlap ", other.name);
+    outputs.push_back(f);
+  };
+  const struct {
+    const TensorView& grad;
+    const TensorView& like;
+    const char *name, *like_name;
+    ViewStrides& strides;
+  } gradients[] = {{grads.dq, call_.q, "dq", "q", bp.dq_strides},
+                   {grads.dk, call_.k, "dk", "k", bp.dk_strides},
+                   {grads.dv, call_.v, "dv", "v", bp.dv_strides}};
+  for (const auto& g : gradients) {
+    g.strides = check_gradient(g.grad, g.like, g.name, g.like_name);
+    check_output(view_footprint(g.grad, g.name), &g.grad);
+  }
+  if (call_.options.dsinks != nullptr) {
+    if (!call_.options.sinks.given())
+      fail(ErrorKind::invalid_argument, "options.dsinks is given but options.sinks is not: the "
+                                        "sinks' gradient needs sinks");
+    check_output(footprint(call_.options.dsinks, {p.heads_q}, {1}, int64_t(sizeof(float)),
+                           "dsinks"),
+                 nullptr);
+  }
+
+  bp.dout = grads.dout.data;
+  bp.dq = grads.dq.data;
+  bp.dk = grads.dk.data;
+  bp.dv = grads.dv.data;
+  bp.dsinks = call_.options.dsinks;
+  bp.deterministic = call_.options.deterministic;
+  bp.fwd.lse = const_cast<float*>(grads.lse);  // read only by backward kernels
+  return bp;
+}
+
 }  // namespace
 
 AttentionParams validate(const CallArgs& call) { return Validator(call).run(); }
+
+BackwardParams validate_backward(const CallArgs& call, const BackwardArgs& grads) {
+  return Validator(call).run_backward(grads);
+}
 
 std::string describe_variant(const AttentionParams& p) {
   std::ostringstream d;

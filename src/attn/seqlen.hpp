@@ -51,6 +51,13 @@ struct SeqlenInfo {
   FT_HOST_DEVICE int64_t o_offset(const AttentionParams& p, int64_t b, Int i, int64_t h) const {
     return b * p.o_batch_stride + int64_t(q_start + i) * p.o_row_stride + h * p.o_head_stride;
   }
+  // The same for another view shaped as q (dout, dq) or as k (dk, dv): its own strides.
+  FT_HOST_DEVICE int64_t row_offset_q(const ViewStrides& s, int64_t b, Int i, int64_t h) const {
+    return b * s.batch + int64_t(q_start + i) * s.row + h * s.head;
+  }
+  FT_HOST_DEVICE int64_t row_offset_k(const ViewStrides& s, int64_t b, Int j, int64_t hk) const {
+    return b * s.batch + int64_t(k_start + j) * s.row + hk * s.head;
+  }
   // Index into p.lse of query row i of head h.
   FT_HOST_DEVICE int64_t lse_index(const AttentionParams& p, int64_t b, int64_t h, Int i) const {
     return b * p.lse_batch_stride + h * p.lse_head_stride + int64_t(q_start + i);

@@ -50,6 +50,17 @@ struct LogitsTransform {
     if constexpr (kSoftcap) return softcap * tanh(qk * capped_scale);
     return qk * scale;
   }
+  // d scaled / d qk, the backward pass's chain rule, from the scaled value itself: scale, or
+  // scale·(1 - tanh²) = scale·(1 - (capped/c)²) under the softcap. ALiBi adds a constant
+  // and contributes nothing here.
+  template <bool kSoftcap>
+  FT_HOST_DEVICE T scaled_derivative(T scaled_value) const {
+    if constexpr (kSoftcap) {
+      const T t = scaled_value / softcap;
+      return scale * (T(1) - t * t);
+    }
+    return scale;
+  }
   // -slope·|diagonal(i) - j|, the distance taken in T: exact while positions stay below
   // 2^24 in float (2^53 in double), and a tile kernel converts each key column to T once
   // for all its rows instead of once per score.

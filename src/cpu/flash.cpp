@@ -34,6 +34,7 @@
 #include "attn/variant.hpp"
 #include "common/numeric.hpp"
 #include "cpu/flash.hpp"
+#include "cpu/flash_backward.hpp"
 
 #if FLASHTILE_WITH_HWY
 #include "hwy/aligned_allocator.h"
@@ -241,7 +242,8 @@ void run_flash(const AttentionParams&) {
 BackendEntry make_cpu_flash_backend() {
   // Above cpu_standard (1): `automatic` takes cpu_flash for every CPU call it supports.
   return {Backend::cpu_flash, DeviceType::cpu, /*priority=*/5, flash_unavailable,
-          flash_unsupported, flash_workspace_bytes, run_flash};
+          flash_unsupported, flash_workspace_bytes, run_flash,
+          cpu_flash_backward::workspace_bytes, cpu_flash_backward::run};
 }
 
 }  // namespace flashtile::detail

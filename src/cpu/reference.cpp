@@ -321,9 +321,14 @@ Verification verify_forward(const TensorView& q, const TensorView& k, const Tens
 }
 
 namespace detail {
+// In reference_backward.cpp.
+void run_reference_backward_backend(const BackwardParams& bp);
+int64_t reference_backward_workspace_bytes(const BackwardParams& bp);
+
 BackendEntry make_cpu_reference_backend() {
   return {Backend::cpu_reference, DeviceType::cpu, /*priority=*/0, always_available,
-          supports_everything, reference_workspace_bytes, run_reference_backend};
+          supports_everything, reference_workspace_bytes, run_reference_backend,
+          reference_backward_workspace_bytes, run_reference_backward_backend};
 }
 }  // namespace detail
 

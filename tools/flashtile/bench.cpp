@@ -25,7 +25,9 @@ struct Row {
   std::optional<double> speedup;  // over cpu_standard in the same run
   double max_abs_err = 0;
   bool error_sampled = false;
+  bool error_checked = true;  // bwd: false when the oracle's gradients would be too slow
   int64_t workspace_bytes = 0;
+  Pass pass = Pass::fwd;
 };
 
 std::vector<Backend> default_backends() {
@@ -92,9 +94,10 @@ std::string to_json(const std::vector<Row>& rows) {
       << ", \"causal\": " << (s.causal ? "true" : "false") << ", \"ms\": " << json_number(r.ms)
       << ", \"tflops\": " << json_number(r.tflops)
       << ", \"speedup\": " << (r.speedup ? json_number(*r.speedup) : "null")
-      << ", \"max_abs_err\": " << json_number(r.max_abs_err)
+      << ", \"max_abs_err\": " << (r.error_checked ? json_number(r.max_abs_err) : "null")
       << ", \"error_sampled\": " << (r.error_sampled ? "true" : "false")
       << ", \"workspace_bytes\": " << r.workspace_bytes << ", \"flops\": " << json_count(r.flops)
+      << ", \"pass\": \"" << pass_name(r.pass) << "\""
       << ", \"window\": "
       << (s.window.bounded() ? json_list({s.window.left, s.window.right}) : "null")
       << ", \"softcap\": " << (s.softcap != 0.0f ? json_number(s.softcap) : "null")
@@ -117,14 +120,14 @@ std::string to_csv(const std::vector<Row>& rows) {
   std::ostringstream c;
   c << "backend,dtype,batch,heads,heads_kv,seqlen_q,seqlen_k,head_dim,causal,ms,tflops,speedup,"
        "max_abs_err,error_sampled,workspace_bytes,flops,window_left,window_right,softcap,alibi,"
-       "sinks,varlen_sequences,varlen_total_q,varlen_total_k\n";
+       "sinks,varlen_sequences,varlen_total_q,varlen_total_k,pass\n";
   for (const Row& r : rows) {
     const Shape& s = r.shape;
     c << backend_name(r.backend) << ',' << dtype_name(s.dtype) << ',' << s.batch << ','
       << s.heads_q << ',' << s.heads_kv << ',' << s.seqlen_q << ',' << s.seqlen_k << ','
       << s.head_dim << ',' << (s.causal ? 1 : 0) << ',' << json_number(r.ms) << ','
       << json_number(r.tflops) << ',' << (r.speedup ? json_number(*r.speedup) : "") << ','
-      << json_number(r.max_abs_err) << ',' << (r.error_sampled ? 1 : 0) << ','
+      << (r.error_checked ? json_number(r.max_abs_err) : "") << ',' << (r.error_sampled ? 1 : 0) << ','
       << r.workspace_bytes << ',' << json_count(r.flops) << ',';
     if (s.window.bounded()) c << s.window.left << ',' << s.window.right;
     else c << ',';
@@ -132,7 +135,7 @@ std::string to_csv(const std::vector<Row>& rows) {
       << ',' << sinks_text(r) << ',';
     if (s.is_varlen()) c << s.sequences() << ',' << s.total_q() << ',' << s.total_k();
     else c << ",,";
-    c << "\n";
+    c << ',' << pass_name(r.pass) << "\n";
   }
   return c.str();
 }
@@ -142,17 +145,27 @@ void print_table(const std::vector<Row>& rows, const std::vector<std::string>& s
   for (const Row& r : rows) {
     if (last == nullptr || last->describe() != r.shape.describe()) {
       std::printf("\n%s\n", r.shape.describe().c_str());
-      std::printf("%-14s %12s %10s %10s %13s %14s\n", "backend", "ms", "speedup", "TFLOP/s",
+      std::printf("%-18s %12s %10s %10s %13s %14s\n", "backend", "ms", "speedup", "TFLOP/s",
                   "max_abs_err", "extra memory");
       last = &r.shape;
     }
     char speedup[32] = "-";
     if (r.speedup) std::snprintf(speedup, sizeof speedup, "%.1fx", *r.speedup);
-    std::printf("%-14s %12.4f %10s %10.3f %12.2e%s %14s\n",
-                std::string(backend_name(r.backend)).c_str(), r.ms, speedup, r.tflops,
-                r.max_abs_err, r.error_sampled ? "*" : " ", human_bytes(r.workspace_bytes).c_str());
+    char error[32] = "unchecked";
+    if (r.error_checked) std::snprintf(error, sizeof error, "%.2e", r.max_abs_err);
+    const std::string name = std::string(backend_name(r.backend)) +
+                             (r.pass == Pass::fwd ? "" : std::string(" ") + pass_name(r.pass));
+    std::printf("%-18s %12.4f %10s %10.3f %12s%s %14s\n", name.c_str(), r.ms, speedup, r.tflops,
+                error, r.error_sampled ? "*" : " ", human_bytes(r.workspace_bytes).c_str());
   }
   for (const std::string& line : skipped) std::printf("%s\n", line.c_str());
+  for (const Row& r : rows)
+    if (r.pass != Pass::fwd) {
+      std::printf("bwd/fwdbwd rows: TFLOP/s count 2.5x / 3.5x the forward's FLOPs; max_abs_err is "
+                  "the largest over dq, dk, dv against the oracle's gradients (unchecked: too "
+                  "large for the double oracle)\n");
+      break;
+    }
   bool any_sampled = false;
   for (const Row& r : rows) any_sampled |= r.error_sampled;
   if (any_sampled)
@@ -211,7 +224,8 @@ int run_bench(const BenchOptions& o) {
   size_t step = 0;
   for (const Shape& shape : shapes) {
     Workload work(shape, 1234, o.values);
-    const double flops = attention_flops(work);
+    const Pass pass = o.pass;
+    const double flops = pass_flops(work, pass);
     std::optional<double> baseline_ms;
     const size_t first_row = rows.size();
     for (Backend backend : backends) {
@@ -221,6 +235,12 @@ int run_bench(const BenchOptions& o) {
       Plan plan;
       try {
         plan = plan_for(work, backend);
+        if (pass != Pass::fwd) {
+          const Plan backward_plan = plan_backward_for(work, backend);
+          plan.workspace_bytes = pass == Pass::bwd
+                                     ? backward_plan.workspace_bytes
+                                     : std::max(plan.workspace_bytes, backward_plan.workspace_bytes);
+        }
       } catch (const Error& e) {
         skipped.push_back(std::string(backend_name(backend)) + " skipped (" + shape.describe() +
                           "): " + e.what());
@@ -232,11 +252,19 @@ int run_bench(const BenchOptions& o) {
       row.values = o.values;
       row.flops = flops;
       row.workspace_bytes = plan.workspace_bytes;
+      row.pass = pass;
       run_once(work, backend);  // checked before it is timed
-      const ErrorReport error = measure_error(work);
-      row.max_abs_err = error.max_abs_err;
-      row.error_sampled = error.sampled;
-      row.ms = median_ms(work, backend, timing);
+      if (pass == Pass::fwd) {
+        const ErrorReport error = measure_error(work);
+        row.max_abs_err = error.max_abs_err;
+        row.error_sampled = error.sampled;
+        row.ms = median_ms(work, backend, timing);
+      } else {
+        run_backward_once(work, backend);  // from this backend's own out and lse
+        row.error_checked = attention_flops(work) <= kBackwardOracleLimitFlops;
+        if (row.error_checked) row.max_abs_err = gradient_max_abs_error(work);
+        row.ms = median_backward_ms(work, backend, timing, /*with_forward=*/pass == Pass::fwdbwd);
+      }
       row.tflops = flops / (row.ms * 1e-3) / 1e12;
       if (backend == Backend::cpu_standard) baseline_ms = row.ms;
       rows.push_back(row);

@@ -2,12 +2,15 @@
 // random shapes (odd lengths, seqlen_q != seqlen_k, causal, GQA/MQA, strided views, every
 // dtype the backend takes) and random variants (windows, softcap, ALiBi, sinks, varlen
 // batches with empty and length-1 sequences and seqused_k) for the backends that take them.
+// `--pass bwd` checks the gradients instead (dq, dk, dv, dsinks against the oracle's, the
+// backward rule of flashtile/reference.hpp) for the backends that have a backward pass.
 // Exits 1 on any failure.
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -105,6 +108,32 @@ Shape random_variant_shape(std::mt19937& rng, int64_t max_seqlen) {
   return s;
 }
 
+// Whether `backend` has a backward pass: its plan on a small dense case.
+bool has_backward(Backend backend) {
+  Shape s;
+  s.seqlen_q = s.seqlen_k = 8;
+  s.head_dim = 16;
+  Workload work(s);
+  try {
+    plan_backward_for(work, backend);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// The oracle's gradients (or their 16-bit baseline) for the workload's dout.
+ReferenceGradients reference_gradients(Workload& work, ReferencePrecision precision) {
+  const AttentionCase& h = work.host;
+  const Gradients& g = work.gradients();
+  const std::optional<Varlen> varlen = h.varlen();
+  const Options options = h.reference_options();
+  return varlen ? reference_attention_backward_varlen(h.q.view, h.k.view, h.v.view, g.dout.view,
+                                                      *varlen, options, precision)
+                : reference_attention_backward(h.q.view, h.k.view, h.v.view, g.dout.view,
+                                               options, precision);
+}
+
 struct Tally {
   int run = 0, passed = 0, failed = 0, unsupported = 0;
   int variants = 0;  // runs whose shape had a variant
@@ -126,7 +155,39 @@ struct DrawResult {
 
 // One draw: the shape in every dtype, the oracle once per dtype, then each wanted backend.
 // Runs on one thread (the oracle's own parallel loop is nested, hence serial, here).
-DrawResult run_draw(const Shape& base, uint32_t seed, const std::vector<Backend>& wanted) {
+// --pass bwd: the backend's gradients, from its own forward's out and lse, under the backward
+// rule against the oracle's (computed once per dtype).
+void check_gradients(Workload& work, Backend backend, std::optional<ReferenceGradients>& exact,
+                     std::optional<ReferenceGradients>& lowprec, Outcome& outcome) {
+  run_backward_once(work, backend);
+  const Gradients& g = work.gradients();
+  if (!exact) {
+    exact = reference_gradients(work, ReferencePrecision::exact);
+    if (work.host.shape.dtype != DType::f32)
+      lowprec = reference_gradients(work, ReferencePrecision::lowprec);
+  }
+  const GradientVerification v =
+      verify_gradients(*exact, lowprec ? &*lowprec : nullptr, g.dq.view, g.dk.view, g.dv.view,
+                       g.dsinks.empty() ? nullptr : g.dsinks.data());
+  auto ratio = [](double error, double bound) { return error / std::max(bound, 1e-300); };
+  outcome.ran = true;
+  outcome.passed = v.pass();
+  outcome.ratio = std::max({ratio(v.dq_error, v.dq_bound), ratio(v.dk_error, v.dk_bound),
+                            ratio(v.dv_error, v.dv_bound), ratio(v.dsinks_error, v.dsinks_bound)});
+  if (!outcome.passed) {
+    char line[640];
+    std::snprintf(line, sizeof line,
+                  "FAIL %s %s: dq err %.3g (bound %.3g), dk err %.3g (bound %.3g), dv err %.3g "
+                  "(bound %.3g), dsinks err %.3g (bound %.3g)\n",
+                  std::string(backend_name(backend)).c_str(), work.host.shape.describe().c_str(),
+                  v.dq_error, v.dq_bound, v.dk_error, v.dk_bound, v.dv_error, v.dv_bound,
+                  v.dsinks_error, v.dsinks_bound);
+    outcome.failure = line;
+  }
+}
+
+DrawResult run_draw(const Shape& base, uint32_t seed, const std::vector<Backend>& wanted,
+                    Pass pass) {
   DrawResult result;
   for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
     Shape shape = base;
@@ -134,14 +195,22 @@ DrawResult run_draw(const Shape& base, uint32_t seed, const std::vector<Backend>
     Workload work(shape, seed);
     result.variant = host_params(work).has_variant();
     std::optional<ReferenceResult> exact, lowprec;
+    std::optional<ReferenceGradients> exact_grads, lowprec_grads;
     for (Backend backend : wanted) {
       Outcome outcome;
       outcome.backend = backend;
       outcome.dtype = dtype;
       try {
         plan_for(work, backend);
+        if (pass == Pass::bwd) plan_backward_for(work, backend);
       } catch (const Error&) {
         result.outcomes.push_back(outcome);  // unsupported
+        continue;
+      }
+      if (pass == Pass::bwd) {
+        run_once(work, backend);  // the out and lse the backward starts from
+        check_gradients(work, backend, exact_grads, lowprec_grads, outcome);
+        result.outcomes.push_back(outcome);
         continue;
       }
       if (!exact) {
@@ -175,7 +244,7 @@ int run_check(const CheckOptions& o) {
   std::vector<Backend> backends;
   if (o.backends.empty()) {
     for (Backend b : all_backends())
-      if (backend_available(b)) backends.push_back(b);
+      if (backend_available(b) && (o.pass == Pass::fwd || has_backward(b))) backends.push_back(b);
   } else {
     backends = parse_backend_list(o.backends);
     for (Backend b : backends)
@@ -183,10 +252,14 @@ int run_check(const CheckOptions& o) {
         throw Error(ErrorKind::unsupported, std::string(backend_name(b)) +
                                                 " is not available: " + backend_unavailable_reason(b));
   }
-  for (Backend b : all_backends())
+  for (Backend b : all_backends()) {
     if (!backend_available(b))
       std::printf("not checked: %s (%s)\n", std::string(backend_name(b)).c_str(),
                   backend_unavailable_reason(b).c_str());
+    else if (o.pass == Pass::bwd && !has_backward(b))
+      std::printf("not checked: %s (no backward pass)\n", std::string(backend_name(b)).c_str());
+  }
+  if (o.pass == Pass::bwd) std::printf("checking the backward pass: dq, dk, dv, dsinks\n");
 
   std::mt19937 rng(o.seed);
   std::map<std::pair<Backend, DType>, Tally> tallies;
@@ -224,7 +297,7 @@ int run_check(const CheckOptions& o) {
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < batch; ++i) {
       try {
-        results[i] = run_draw(shapes[i], o.seed + uint32_t(draws + i), wanted);
+        results[i] = run_draw(shapes[i], o.seed + uint32_t(draws + i), wanted, o.pass);
       } catch (const std::exception& e) {
         errors[i] = e.what();  // rethrown below, outside the parallel region
       }

@@ -24,6 +24,7 @@ struct BenchOptions {
   std::vector<int64_t> sweep_seqlens = {512, 1024, 2048, 4096, 8192, 16384};
   std::vector<int64_t> sweep_head_dims = {64, 128, 256};
   std::vector<int> sweep_causal = {0, 1};
+  Pass pass = Pass::fwd;  // --pass fwd|bwd|fwdbwd
 };
 int run_bench(const BenchOptions& options);
 
@@ -33,6 +34,7 @@ struct CheckOptions {
   int64_t max_seqlen = 300;
   std::vector<std::string> backends;  // empty: every available backend
   int threads = 0;
+  Pass pass = Pass::fwd;  // --pass fwd or bwd: the forward's outputs or the gradients
 };
 int run_check(const CheckOptions& options);
 

@@ -124,6 +124,11 @@ int main(int argc, char** argv) {
       ->default_val(20)->check(kPositive);
   bench_cmd->add_option("--threads", bench.threads, "CPU threads (0 = all)")->default_val(0)
       ->check(thread_count());
+  std::string bench_pass = "fwd";
+  bench_cmd->add_option("--pass", bench_pass,
+                        "fwd (forward), bwd (backward, from the backend's own forward out and "
+                        "lse) or fwdbwd (both, timed together); bwd FLOPs are 2.5x fwd's")
+      ->default_val("fwd")->check(CLI::IsMember({"fwd", "bwd", "fwdbwd"}));
   bench_cmd->add_flag("--json", bench.json, "Print a JSON list instead of the table");
   bench_cmd->add_option("--output", bench.output, "Also write the results to FILE (.json or .csv)");
   bench_cmd->add_flag("--no-flush", bench.no_flush, "Do not flush the GPU L2 before timed calls");
@@ -152,6 +157,11 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   check_cmd->add_option("--threads", check.threads, "CPU threads (0 = all)")->default_val(0)
       ->check(thread_count());
+  std::string check_pass = "fwd";
+  check_cmd->add_option("--pass", check_pass,
+                        "fwd: outputs and LSE against the oracle; bwd: dq, dk, dv (and dsinks) "
+                        "against the oracle's gradients, for the backends with a backward")
+      ->default_val("fwd")->check(CLI::IsMember({"fwd", "bwd"}));
 
   cli::RunOptions run;
   auto* run_cmd = app.add_subcommand(
@@ -205,9 +215,13 @@ int main(int argc, char** argv) {
         bench.shape.varlen_q = lengths.q;
         bench.shape.varlen_k = lengths.k;
       }
+      bench.pass = *cli::parse_pass(bench_pass);
       return cli::run_bench(bench);
     }
-    if (*check_cmd) return cli::run_check(check);
+    if (*check_cmd) {
+      check.pass = *cli::parse_pass(check_pass);
+      return cli::run_check(check);
+    }
     if (*info_cmd) return cli::run_info();
     run.has_scale = scale_opt->count() > 0;
     if (run.has_scale) run.scale = cli::parse_finite(run_scale, "--scale");

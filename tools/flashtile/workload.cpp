@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <limits>
+#include <random>
 #include <vector>
 
 #include "attn/seqlen.hpp"
@@ -27,6 +30,21 @@ Workload::Workload(const Shape& shape, uint32_t seed, const VariantValues& value
 DeviceCase& Workload::on_device() {
   if (!device) device = std::make_unique<DeviceCase>(host);
   return *device;
+}
+
+Gradients::Gradients(const AttentionCase& h)
+    : dout(h.shape.dtype, h.shape.q_shape(), h.shape.strided),
+      dq(h.shape.dtype, h.shape.q_shape(), h.shape.strided),
+      dk(h.shape.dtype, h.shape.kv_shape(), h.shape.strided),
+      dv(h.shape.dtype, h.shape.kv_shape(), h.shape.strided),
+      dsinks(h.sinks.size()) {
+  std::mt19937 rng(4321);
+  dout.fill_random(rng);
+}
+
+Gradients& Workload::gradients() {
+  if (!grads) grads = std::make_unique<Gradients>(host);
+  return *grads;
 }
 
 namespace {
@@ -169,6 +187,134 @@ ErrorReport measure_error(const Workload& work, double full_oracle_limit_flops) 
         std::max(report.max_abs_err, compare_to_reference(out_row, expected).max_abs);
   }
   return report;
+}
+
+std::optional<Pass> parse_pass(const std::string& name) {
+  if (name == "fwd") return Pass::fwd;
+  if (name == "bwd") return Pass::bwd;
+  if (name == "fwdbwd") return Pass::fwdbwd;
+  return std::nullopt;
+}
+
+const char* pass_name(Pass pass) {
+  switch (pass) {
+    case Pass::fwd: return "fwd";
+    case Pass::bwd: return "bwd";
+    case Pass::fwdbwd: return "fwdbwd";
+  }
+  return "?";
+}
+
+double pass_flops(const Workload& work, Pass pass) {
+  const double forward = attention_flops(work);
+  return pass == Pass::fwd ? forward : pass == Pass::bwd ? 2.5 * forward : 3.5 * forward;
+}
+
+namespace {
+
+// backward (or backward_varlen) of the host case on `backend`, from its out and lse.
+struct BackwardCall {
+  const AttentionCase& h;
+  Gradients& g;
+  Options options;
+};
+
+BackwardCall make_backward_call(Workload& work, Backend backend) {
+  if (on_gpu(backend_device(backend)))
+    throw Error(ErrorKind::unsupported, std::string(backend_name(backend)) +
+                                            " has no backward pass (no CUDA backend has one yet)");
+  Gradients& g = work.gradients();
+  Options o = work.host.reference_options();
+  o.backend = backend;
+  o.dsinks = g.dsinks.empty() ? nullptr : g.dsinks.data();
+  return {work.host, g, o};
+}
+
+template <class Fn>
+auto with_backward(const BackwardCall& c, Fn&& fn) {
+  const std::optional<Varlen> vl = c.h.varlen();
+  return fn(c.h.q.view, c.h.k.view, c.h.v.view, c.h.out.view, c.g.dout.view, c.h.lse.data(),
+            c.g.dq.view, c.g.dk.view, c.g.dv.view, vl, c.options);
+}
+
+void call_backward(const BackwardCall& c) {
+  with_backward(c, [](auto& q, auto& k, auto& v, auto& out, auto& dout, const float* lse,
+                      auto& dq, auto& dk, auto& dv, const std::optional<Varlen>& vl,
+                      const Options& o) {
+    if (vl)
+      backward_varlen(q, k, v, out, dout, lse, dq, dk, dv, *vl, o);
+    else
+      backward(q, k, v, out, dout, lse, dq, dk, dv, o);
+  });
+}
+
+}  // namespace
+
+Plan plan_backward_for(Workload& work, Backend backend) {
+  const BackwardCall c = make_backward_call(work, backend);
+  return with_backward(c, [](auto& q, auto& k, auto& v, auto& out, auto& dout, const float* lse,
+                             auto& dq, auto& dk, auto& dv, const std::optional<Varlen>& vl,
+                             const Options& o) {
+    return vl ? plan_backward_varlen(q, k, v, out, dout, lse, dq, dk, dv, *vl, o)
+              : plan_backward(q, k, v, out, dout, lse, dq, dk, dv, o);
+  });
+}
+
+void run_backward_once(Workload& work, Backend backend) {
+  const BackwardCall c = make_backward_call(work, backend);
+  for (testing::HostTensor* t : {&c.g.dq, &c.g.dk, &c.g.dv}) t->poison();
+  std::fill(c.g.dsinks.begin(), c.g.dsinks.end(), std::numeric_limits<float>::quiet_NaN());
+  call_backward(c);
+}
+
+double median_backward_ms(Workload& work, Backend backend, const TimingSettings& settings,
+                          bool with_forward) {
+  const BackwardCall c = make_backward_call(work, backend);
+  const Call forward_call = make_call(work, backend);
+  auto call = [&] {
+    if (with_forward) run_call(forward_call);
+    call_backward(c);
+  };
+  using Clock = std::chrono::steady_clock;
+  for (int i = 0; i < std::min(settings.warmup, 1); ++i) call();
+  std::vector<double> times;
+  const auto start = Clock::now();
+  for (int i = 0; i < settings.repeats; ++i) {
+    const auto t0 = Clock::now();
+    call();
+    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    if (std::chrono::duration<double>(Clock::now() - start).count() > settings.cpu_budget_s &&
+        times.size() >= 3)
+      break;
+  }
+  return detail::median(times);
+}
+
+GradientVerification verify_gradients_of(const Workload& work) {
+  const AttentionCase& h = work.host;
+  const Gradients& g = *work.grads;
+  const std::optional<Varlen> varlen = h.varlen();
+  return verify_backward(h.q.view, h.k.view, h.v.view, g.dout.view, g.dq.view, g.dk.view,
+                         g.dv.view, g.dsinks.empty() ? nullptr : g.dsinks.data(),
+                         h.reference_options(), varlen ? &*varlen : nullptr);
+}
+
+double gradient_max_abs_error(const Workload& work) {
+  const AttentionCase& h = work.host;
+  const Gradients& g = *work.grads;
+  const std::optional<Varlen> varlen = h.varlen();
+  const Options o = h.reference_options();
+  const ReferenceGradients ref =
+      varlen ? reference_attention_backward_varlen(h.q.view, h.k.view, h.v.view, g.dout.view,
+                                                   *varlen, o)
+             : reference_attention_backward(h.q.view, h.k.view, h.v.view, g.dout.view, o);
+  double err = std::max({compare_to_reference(g.dq.view, ref.dq).max_abs,
+                         compare_to_reference(g.dk.view, ref.dk).max_abs,
+                         compare_to_reference(g.dv.view, ref.dv).max_abs});
+  for (size_t n = 0; n < g.dsinks.size(); ++n)
+    err = std::max(err, std::isfinite(g.dsinks[n]) ? std::fabs(g.dsinks[n] - ref.dsinks[n])
+                                                   : std::numeric_limits<double>::infinity());
+  return err;
 }
 
 std::string human_bytes(int64_t bytes) {

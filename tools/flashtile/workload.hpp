@@ -8,6 +8,7 @@
 #include <string>
 
 #include "api/params.hpp"
+#include "flashtile/reference.hpp"
 #include "testing/attention_case.hpp"
 #include "testing/device_case.hpp"
 
@@ -23,12 +24,21 @@ struct VariantValues {
   std::optional<float> sink_logit;  // every head's sink logit; nullopt keeps the random logits
 };
 
-// A host case plus, created on first use, its mirror on the GPU.
+// The backward pass's host buffers: a random dout and the NaN-poisoned gradients.
+struct Gradients {
+  testing::HostTensor dout, dq, dk, dv;
+  std::vector<float> dsinks;  // heads_q with sinks, else empty
+  explicit Gradients(const AttentionCase& host);
+};
+
+// A host case plus, created on first use, its mirror on the GPU and its gradient buffers.
 struct Workload {
   AttentionCase host;
   std::unique_ptr<DeviceCase> device;
+  std::unique_ptr<Gradients> grads;
   explicit Workload(const Shape& shape, uint32_t seed = 1234, const VariantValues& values = {});
   DeviceCase& on_device();
+  Gradients& gradients();
 };
 
 // The validated parameters of the case's host call: the normalised window, the lengths.
@@ -67,6 +77,31 @@ struct ErrorReport {
 };
 constexpr int kSampledRows = 12;
 ErrorReport measure_error(const Workload& work, double full_oracle_limit_flops = 4e9);
+
+// ---- the backward pass (CPU backends; no CUDA backend has one yet) ------------------------
+// Which passes `bench` times: forward, backward (from the forward's out and lse), or both.
+enum class Pass { fwd, bwd, fwdbwd };
+std::optional<Pass> parse_pass(const std::string& name);
+const char* pass_name(Pass pass);
+// FLOPs of a pass: the forward's, 2.5x it for the backward (FlashAttention's convention:
+// five block products instead of two), 3.5x for both.
+double pass_flops(const Workload& work, Pass pass);
+
+// Plan of backward on `backend` (throws flashtile::Error when it cannot run this case).
+Plan plan_backward_for(Workload& work, Backend backend);
+// Runs backward once with poisoned gradients, from the out and lse in work.host (run the
+// forward first).
+void run_backward_once(Workload& work, Backend backend);
+// Median milliseconds of the backward (with_forward: forward then backward) on `backend`.
+double median_backward_ms(Workload& work, Backend backend, const TimingSettings& settings,
+                          bool with_forward);
+// The rule on the last backward's gradients (computes the oracle's gradients).
+GradientVerification verify_gradients_of(const Workload& work);
+// max |g - oracle| over dq, dk, dv (and dsinks) of the last backward.
+double gradient_max_abs_error(const Workload& work);
+// Above this many forward FLOPs bench leaves a backward row unchecked (the double oracle's
+// gradients cost about 4x its forward, on every row).
+constexpr double kBackwardOracleLimitFlops = 2e9;
 
 std::string human_bytes(int64_t bytes);
 

@@ -1,0 +1,428 @@
+// cpu_flash's backward pass: FlashAttention-2's algorithm tiled for the CPU, in O(N·d)
+// memory. P is never stored: each (query block, key block) pair recomputes it from the
+// saved LSE,
+//   P = exp(S - lse),  dP = dO·Vᵀ,  dS = P∘(dP - D)∘∂c/∂(q·k),
+// with D = rowsum(dO∘O) from a pre-pass and the softcap's chain rule (docs/BACKWARD.md).
+//
+// Every pass is parallel with OpenMP over work that owns its outputs, so no atomics and no
+// reduction whose order depends on the threads: the gradients are bitwise the same for any
+// thread count and run, deterministic by construction (options.deterministic is always
+// honoured).
+//   1. Packing: every query block (q, dO, LSE and D) and key block (K, Kᵀ, Vᵀ) to fp32, once.
+//   2. The fused schedule, when there are at least as many (sequence, kv head) pairs as
+//      threads: one task per pair walks its key blocks in order; for each, the query heads of
+//      the group and the query blocks that see those keys (key_blocks() of each query block
+//      says which, and whether the mask is needed), accumulating dV += Pᵀ·dO and
+//      dK += dSᵀ·Q for the key block and dQ += dS·K in fp32 accumulators for the whole
+//      sequence (FlashAttention-2's loop; 5 block products per pair).
+//   2'. Otherwise the split schedule, parallel over blocks: dK, dV per (sequence, kv head,
+//      key block) as above without dQ, then dQ per (sequence, query head, query block) over
+//      its key blocks in order, recomputing S and dP (7 products per pair).
+// Both add each pair's dS·K to the dQ accumulator in the same order with the same
+// operations: they give the same bits. The sinks' gradient is summed per query block and
+// then in block order.
+//
+// Tiles are fp32 (f16/bf16 converted once per tile load), K and V also transposed so that
+// every block product is a plain row-major matrix product; the products and the
+// element-wise steps are Highway SIMD kernels (flash_backward_kernels-inl.hpp, one copy per
+// target, chosen at run time). Every mask bound, offset and LSE index comes from src/attn/.
+#include "cpu/flash_backward.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attn/block_range.hpp"
+#include "attn/features.hpp"
+#include "attn/seqlen.hpp"
+#include "attn/variant.hpp"
+#include "common/numeric.hpp"
+
+namespace flashtile::detail::cpu_flash_backward {
+#if FLASHTILE_WITH_HWY
+namespace {
+
+using Seqlen = SeqlenInfo<int64_t>;
+
+// Query rows per dQ task and keys per dK/dV task (and per step of either pass).
+constexpr int64_t kBlockM = 64;
+constexpr int64_t kBlockN = 64;
+// The SIMD kernels take tile rows of whole vectors: up to 16 floats (AVX-512).
+static_assert(kBlockN % 16 == 0, "a key block must be whole vectors on every target");
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// n values of `dtype` from element `offset` of `data` into dst as fp32.
+void load_row(const void* data, DType dtype, int64_t offset, int64_t n, float* dst) {
+  if (dtype == DType::f32) {
+    const float* src = static_cast<const float*>(data) + offset;
+    for (int64_t c = 0; c < n; ++c) dst[c] = src[c];
+    return;
+  }
+  for (int64_t c = 0; c < n; ++c) dst[c] = load_as_float(data, dtype, offset + c);
+}
+void store_row(void* data, DType dtype, int64_t offset, int64_t n, const float* src) {
+  for (int64_t c = 0; c < n; ++c) store_from_float(data, dtype, offset + c, src[c]);
+}
+
+int64_t blocks_of(int64_t n, int64_t block) { return ceil_div<int64_t>(n, block); }
+
+// Every block's inputs converted to fp32 once, before the passes (what pass 2 and pass 3
+// would otherwise each convert again for every pair): O(N·d) memory. dp is head_dim
+// rounded up to whole vectors; padding rows and channels are 0.
+struct Packed {
+  int64_t d = 0, dp = 0;
+  std::vector<int64_t> q_base, k_base;  // per sequence: index of its first query / key block
+  int64_t q_blocks = 0, k_blocks = 0;   // over every sequence
+  std::vector<float> q, dout;           // [heads_q][q_blocks][kBlockM][dp]
+  std::vector<float> lse, row_sums;     // [heads_q][q_blocks][kBlockM]; lse +inf: P = 0
+  std::vector<float> k;                 // [heads_kv][k_blocks][kBlockN][dp]
+  std::vector<float> k_t, v_t;          // [heads_kv][k_blocks][d][kBlockN]
+
+  Packed(const AttentionParams& p, int64_t lanes) : d(p.head_dim), dp(ceil_div(d, lanes) * lanes) {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const Seqlen seq(p, b);
+      q_base.push_back(q_blocks);
+      k_base.push_back(k_blocks);
+      q_blocks += blocks_of(seq.seqlen_q, kBlockM);
+      k_blocks += blocks_of(seq.seqlen_k, kBlockN);
+    }
+  }
+  static int64_t floats(const AttentionParams& p, int64_t lanes) {
+    Packed shape(p, lanes);
+    return p.heads_q * shape.q_blocks * kBlockM * (2 * shape.dp + 2) +
+           p.heads_kv * shape.k_blocks * kBlockN * (shape.dp + 2 * shape.d);
+  }
+  void allocate(const AttentionParams& p) {
+    auto sized = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.0f); };
+    q = sized(p.heads_q * q_blocks * kBlockM * dp);
+    dout = sized(p.heads_q * q_blocks * kBlockM * dp);
+    lse = sized(p.heads_q * q_blocks * kBlockM);
+    row_sums = sized(p.heads_q * q_blocks * kBlockM);
+    k = sized(p.heads_kv * k_blocks * kBlockN * dp);
+    k_t = sized(p.heads_kv * k_blocks * kBlockN * d);
+    v_t = sized(p.heads_kv * k_blocks * kBlockN * d);
+  }
+  // Index of query block qb of head h of sequence b, and of key block kb of kv head hk.
+  int64_t q_block(int64_t b, int64_t h, int64_t qb) const {
+    return h * q_blocks + q_base[size_t(b)] + qb;
+  }
+  int64_t k_block(int64_t b, int64_t hk, int64_t kb) const {
+    return hk * k_blocks + k_base[size_t(b)] + kb;
+  }
+
+  // Query block qb of head h: q and dO rows, the LSE, and D = dO·O (pass 1, here).
+  void pack_queries(const BackwardParams& bp, int64_t b, int64_t h, int64_t qb) {
+    const AttentionParams& p = bp.fwd;
+    const Seqlen seq(p, b);
+    const int64_t n = q_block(b, h, qb), first = qb * kBlockM;
+    const int64_t rows = std::min(kBlockM, seq.seqlen_q - first);
+    float* qs = &q[size_t(n * kBlockM * dp)];
+    float* ds = &dout[size_t(n * kBlockM * dp)];
+    float* ls = &lse[size_t(n * kBlockM)];
+    float* sums = &row_sums[size_t(n * kBlockM)];
+    std::vector<float> o(static_cast<size_t>(d));
+    for (int64_t r = 0; r < kBlockM; ++r) {
+      ls[r] = std::numeric_limits<float>::infinity();  // padding rows: P = 0
+      if (r >= rows) continue;
+      const int64_t i = first + r;
+      load_row(p.q, p.dtype, seq.q_offset(p, b, i, h), d, qs + r * dp);
+      load_row(bp.dout, p.dtype, seq.row_offset_q(bp.dout_strides, b, i, h), d, ds + r * dp);
+      load_row(p.o, p.dtype, seq.o_offset(p, b, i, h), d, o.data());
+      float sum = 0.0f;
+      for (int64_t c = 0; c < d; ++c) sum += ds[r * dp + c] * o[c];
+      sums[r] = sum;
+      const float l = p.lse[seq.lse_index(p, b, h, i)];
+      if (l != kNegInf) ls[r] = l;  // a row that sees nothing has P = 0 too
+    }
+  }
+
+  // Key block kb of kv head hk: K, Kᵀ, Vᵀ.
+  void pack_keys(const AttentionParams& p, int64_t b, int64_t hk, int64_t kb) {
+    const Seqlen seq(p, b);
+    const int64_t n = k_block(b, hk, kb), first = kb * kBlockN;
+    const int64_t keys = std::min(kBlockN, seq.seqlen_k - first);
+    float* ks = &k[size_t(n * kBlockN * dp)];
+    float* kt = &k_t[size_t(n * kBlockN * d)];
+    float* vt = &v_t[size_t(n * kBlockN * d)];
+    std::vector<float> v_row(static_cast<size_t>(d));
+    for (int64_t j = 0; j < keys; ++j) {
+      load_row(p.k, p.dtype, seq.k_offset(p, b, first + j, hk), d, ks + j * dp);
+      load_row(p.v, p.dtype, seq.v_offset(p, b, first + j, hk), d, v_row.data());
+      for (int64_t c = 0; c < d; ++c) {
+        kt[c * kBlockN + j] = ks[j * dp + c];
+        vt[c * kBlockN + j] = v_row[c];
+      }
+    }
+  }
+};
+
+// One (query block, key block) pair: pointers into Packed, and the thread's score tiles.
+struct Pair {
+  const float *q, *dout, *lse, *row_sums;  // the query block
+  const float *k, *k_t, *v_t;              // the key block
+  int64_t rows, keys, first_row, first_key;
+};
+
+struct Tiles {
+  std::vector<float> s, ds, chain;  // [kBlockM × kBlockN]: S then P; dP then dS; ∂c/∂(q·k)
+  std::vector<float> acc_a, acc_b;  // [max(kBlockM, kBlockN) × dp]: dK and dV, or dQ
+  explicit Tiles(int64_t dp)
+      : s(kBlockM * kBlockN), ds(kBlockM * kBlockN), chain(kBlockM * kBlockN),
+        acc_a(static_cast<size_t>(std::max(kBlockM, kBlockN) * dp)),
+        acc_b(static_cast<size_t>(std::max(kBlockM, kBlockN) * dp)) {}
+  static int64_t floats(int64_t dp) {
+    return 3 * kBlockM * kBlockN + 2 * std::max(kBlockM, kBlockN) * dp;
+  }
+};
+
+Pair make_pair(const Packed& pk, const AttentionParams& p, const Seqlen& seq, int64_t b,
+               int64_t h, int64_t qb, int64_t kb) {
+  const int64_t qn = pk.q_block(b, h, qb), kn = pk.k_block(b, h / p.heads_per_kv(), kb);
+  return {&pk.q[size_t(qn * kBlockM * pk.dp)], &pk.dout[size_t(qn * kBlockM * pk.dp)],
+          &pk.lse[size_t(qn * kBlockM)], &pk.row_sums[size_t(qn * kBlockM)],
+          &pk.k[size_t(kn * kBlockN * pk.dp)], &pk.k_t[size_t(kn * kBlockN * pk.d)],
+          &pk.v_t[size_t(kn * kBlockN * pk.d)], std::min(kBlockM, seq.seqlen_q - qb * kBlockM),
+          std::min(kBlockN, seq.seqlen_k - kb * kBlockN), qb * kBlockM, kb * kBlockN};
+}
+
+// P (in t.s) and dS (in t.ds) of one pair: S = Q·Kᵀ and dP = dO·Vᵀ, the logits of the
+// variant (softcap lane-wise, ALiBi and the mask through the shared core), then
+// P = exp(S - lse) and dS = P∘(dP - D)∘∂c/∂(q·k). Masked and padding entries get P = 0.
+template <class Flags>
+void pair_gradients(const Kernels& kern, const Packed& pk, const Mask<int64_t>& mask,
+                    const LogitsTransform<float>& logits, bool needs_mask, const Pair& pr,
+                    Tiles& t) {
+  const int64_t m = pr.rows, d = pk.d;
+  kern.gemm(pr.q, pk.dp, pr.k_t, kBlockN, t.s.data(), kBlockN, m, kBlockN, d, false, false);
+  kern.gemm(pr.dout, pk.dp, pr.v_t, kBlockN, t.ds.data(), kBlockN, m, kBlockN, d, false, false);
+  if constexpr (Flags::kSoftcap)
+    kern.softcap(t.s.data(), t.chain.data(), kBlockN, m, kBlockN, logits.scale, logits.softcap,
+                 logits.capped_scale);
+  // Logits are finished here where a tile needs more than the scale (ALiBi, the mask, padding
+  // keys); plain tiles keep q·k and `probabilities` scales them.
+  const bool finish_here = Flags::kAlibi || needs_mask || pr.keys < kBlockN;
+  if (finish_here)
+    for (int64_t r = 0; r < m; ++r) {
+      float* row = &t.s[size_t(r * kBlockN)];
+      const int64_t i = pr.first_row + r;
+      for (int64_t j = 0; j < pr.keys; ++j) {
+        if constexpr (!Flags::kSoftcap) row[j] = logits.scaled<false>(row[j]);
+        if constexpr (Flags::kAlibi) row[j] += logits.alibi_bias(mask, i, pr.first_key + j);
+      }
+      if (needs_mask)
+        for (int64_t j = 0; j < pr.keys; ++j)
+          if (!mask.visible(i, pr.first_key + j)) row[j] = kNegInf;
+      for (int64_t j = pr.keys; j < kBlockN; ++j) row[j] = kNegInf;
+    }
+  kern.probabilities(t.s.data(), t.ds.data(), Flags::kSoftcap ? t.chain.data() : nullptr,
+                     kBlockN, m, kBlockN, pr.lse, pr.row_sums,
+                     Flags::kSoftcap || finish_here ? 1.0f : logits.scale, logits.scale);
+}
+
+// Varlen: key rows outside every sequence's used keys have gradient 0 (pass 2 writes only
+// the used ones).
+void zero_key_gradients(const BackwardParams& bp) {
+  const AttentionParams& p = bp.fwd;
+  const std::vector<float> zeros(size_t(p.head_dim), 0.0f);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < p.total_k; ++r)
+    for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
+      store_row(bp.dk, p.dtype, r * bp.dk_strides.row + hk * bp.dk_strides.head, p.head_dim, zeros.data());
+      store_row(bp.dv, p.dtype, r * bp.dv_strides.row + hk * bp.dv_strides.head, p.head_dim, zeros.data());
+    }
+}
+
+// dK and dV of one key block of one (sequence, kv head): every query head of the group and
+// every query block that sees these keys. With dq_all (the fused schedule) it also adds
+// dS·K to each pair's dQ accumulator there, [heads_q][q_blocks][kBlockM][dp] as Packed.q.
+template <class Flags>
+void key_block_gradients(const Kernels& kern, const BackwardParams& bp, const Packed& pk,
+                         int64_t b, int64_t hk, int64_t kb, Tiles& t, float* dq_all) {
+  const AttentionParams& p = bp.fwd;
+  const Seqlen seq(p, b);
+  const Mask<int64_t> mask = seq.mask(p);
+  float* dk_acc = t.acc_a.data();  // [kBlockN × dp]
+  float* dv_acc = t.acc_b.data();  // [kBlockN × dp]
+  std::fill(t.acc_a.begin(), t.acc_a.end(), 0.0f);
+  std::fill(t.acc_b.begin(), t.acc_b.end(), 0.0f);
+  const int64_t first_key = kb * kBlockN, keys = std::min(kBlockN, seq.seqlen_k - first_key);
+  for (int64_t h = hk * p.heads_per_kv(); h < (hk + 1) * p.heads_per_kv(); ++h) {
+    const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
+    for (int64_t qb = 0; qb < blocks_of(seq.seqlen_q, kBlockM); ++qb) {
+      const int64_t i0 = qb * kBlockM, i1 = std::min(seq.seqlen_q, i0 + kBlockM);
+      const KeyBlocks<int64_t> blocks = key_blocks(mask, i0, i1, kBlockN);
+      if (kb < blocks.begin || kb >= blocks.end) continue;  // no row of this block sees these keys
+      const Pair pr = make_pair(pk, p, seq, b, h, qb, kb);
+      pair_gradients<Flags>(kern, pk, mask, logits, blocks.needs_mask(kb), pr, t);
+      // dV += Pᵀ·dO and dK += dSᵀ·Q over the block's rows (P and dS read transposed).
+      kern.gemm(t.s.data(), kBlockN, pr.dout, pk.dp, dv_acc, pk.dp, pr.keys, pk.dp, pr.rows, true,
+                true);
+      kern.gemm(t.ds.data(), kBlockN, pr.q, pk.dp, dk_acc, pk.dp, pr.keys, pk.dp, pr.rows, true,
+                true);
+      if (dq_all != nullptr)
+        kern.gemm(t.ds.data(), kBlockN, pr.k, pk.dp, dq_all + pk.q_block(b, h, qb) * kBlockM * pk.dp,
+                  pk.dp, pr.rows, pk.dp, pr.keys, true, false);
+    }
+  }
+  // Keys no row sees keep dK = dV = 0.
+  for (int64_t j = 0; j < keys; ++j) {
+    const int64_t key = first_key + j;
+    store_row(bp.dk, p.dtype, seq.row_offset_k(bp.dk_strides, b, key, hk), pk.d, dk_acc + j * pk.dp);
+    store_row(bp.dv, p.dtype, seq.row_offset_k(bp.dv_strides, b, key, hk), pk.d, dv_acc + j * pk.dp);
+  }
+}
+
+// Writes the dQ rows of one query block of one (sequence, query head) from its fp32
+// accumulator and returns its rows' share of the sink's gradient, -Σ_i P_sink,i · D_i.
+float finish_query_block(const BackwardParams& bp, const Packed& pk, int64_t b, int64_t h,
+                         int64_t qb, const float* dq_acc) {
+  const AttentionParams& p = bp.fwd;
+  const Seqlen seq(p, b);
+  const int64_t i0 = qb * kBlockM, rows = std::min(kBlockM, seq.seqlen_q - i0);
+  float dsink = 0.0f;
+  const float sink = sink_logit<float>(p, h);
+  const float* row_sums = &pk.row_sums[size_t(pk.q_block(b, h, qb) * kBlockM)];
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    store_row(bp.dq, p.dtype, seq.row_offset_q(bp.dq_strides, b, i, h), pk.d, dq_acc + r * pk.dp);
+    const float lse = p.lse[seq.lse_index(p, b, h, i)];
+    if (p.sinks != nullptr && lse != kNegInf) dsink -= std::exp(sink - lse) * row_sums[r];
+  }
+  return dsink;
+}
+
+// The split schedule's dQ: one query block of one (sequence, query head), over the key
+// blocks it visits in increasing order, recomputing each pair's dS.
+template <class Flags>
+float query_block_task(const Kernels& kern, const BackwardParams& bp, const Packed& pk, int64_t b,
+                       int64_t h, int64_t qb, Tiles& t) {
+  const AttentionParams& p = bp.fwd;
+  const Seqlen seq(p, b);
+  const Mask<int64_t> mask = seq.mask(p);
+  const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
+  float* dq_acc = t.acc_a.data();  // [kBlockM × dp]
+  std::fill(t.acc_a.begin(), t.acc_a.end(), 0.0f);
+  const int64_t i0 = qb * kBlockM, rows = std::min(kBlockM, seq.seqlen_q - i0);
+  const KeyBlocks<int64_t> blocks = key_blocks(mask, i0, i0 + rows, kBlockN);
+  for (int64_t kb = blocks.begin; kb < blocks.end; ++kb) {
+    const Pair pr = make_pair(pk, p, seq, b, h, qb, kb);
+    pair_gradients<Flags>(kern, pk, mask, logits, blocks.needs_mask(kb), pr, t);
+    kern.gemm(t.ds.data(), kBlockN, pr.k, pk.dp, dq_acc, pk.dp, rows, pk.dp, pr.keys, true, false);
+  }
+  return finish_query_block(bp, pk, b, h, qb, dq_acc);
+}
+
+// The fused schedule (one task per (sequence, kv head), dQ accumulated beside dK and dV: 5
+// block products per pair) when there are at least as many such tasks as threads; else the
+// split one (dK/dV per key block, then dQ per query block recomputing S and dP: 7 products,
+// but parallel over blocks). Both add every pair's dS·K to a dQ accumulator in the same
+// order (key blocks increasing) with the same operations, so they give the same bits, and
+// the choice by thread count keeps the gradients bitwise the same for any thread count.
+bool fused_schedule(const AttentionParams& p) {
+  return p.batch * p.heads_kv >= omp_get_max_threads();
+}
+
+template <class Flags>
+void run_passes(const BackwardParams& bp) {
+  const AttentionParams& p = bp.fwd;
+  const Kernels kern = kernels();
+  Packed pk(p, kern.lanes);
+  pk.allocate(p);
+  if (p.is_varlen()) zero_key_gradients(bp);
+  const bool fused = fused_schedule(p);
+  std::vector<float> dq_all(fused ? pk.q.size() : 0, 0.0f);
+
+  const int64_t q_per_seq = blocks_of(p.seqlen_q, kBlockM), k_per_seq = blocks_of(p.seqlen_k, kBlockN);
+  const int64_t key_tasks = p.batch * p.heads_kv * k_per_seq;
+  const int64_t query_tasks = p.batch * p.heads_q * q_per_seq;
+  std::vector<float> sink_partials(size_t(query_tasks), 0.0f);
+  // Tasks are numbered over the longest sequence; a varlen sequence's extra ones are empty.
+  auto key_task = [&](int64_t t, int64_t& b, int64_t& hk, int64_t& kb) {
+    kb = t % k_per_seq;
+    b = t / k_per_seq / p.heads_kv;
+    hk = t / k_per_seq % p.heads_kv;
+    return kb < blocks_of(Seqlen(p, b).seqlen_k, kBlockN);
+  };
+  auto query_task = [&](int64_t t, int64_t& b, int64_t& h, int64_t& qb) {
+    qb = t % q_per_seq;
+    b = t / q_per_seq / p.heads_q;
+    h = t / q_per_seq % p.heads_q;
+    return qb < blocks_of(Seqlen(p, b).seqlen_q, kBlockM);
+  };
+#pragma omp parallel
+  {
+    Tiles tiles(pk.dp);
+    int64_t b, h, blk;
+    // Pass 1: pack every block (and D); the barrier at the end of each loop orders them.
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t t = 0; t < query_tasks; ++t)
+      if (query_task(t, b, h, blk)) pk.pack_queries(bp, b, h, blk);
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t t = 0; t < key_tasks; ++t)
+      if (key_task(t, b, h, blk)) pk.pack_keys(p, b, h, blk);
+    if (fused) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t pair = 0; pair < p.batch * p.heads_kv; ++pair) {
+        const int64_t bb = pair / p.heads_kv, hk = pair % p.heads_kv;
+        const Seqlen seq(p, bb);
+        for (int64_t kb = 0; kb < blocks_of(seq.seqlen_k, kBlockN); ++kb)
+          key_block_gradients<Flags>(kern, bp, pk, bb, hk, kb, tiles, dq_all.data());
+        for (int64_t hq = hk * p.heads_per_kv(); hq < (hk + 1) * p.heads_per_kv(); ++hq)
+          for (int64_t qb = 0; qb < blocks_of(seq.seqlen_q, kBlockM); ++qb)
+            sink_partials[size_t((bb * p.heads_q + hq) * q_per_seq + qb)] = finish_query_block(
+                bp, pk, bb, hq, qb, &dq_all[size_t(pk.q_block(bb, hq, qb) * kBlockM * pk.dp)]);
+      }
+    } else {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < key_tasks; ++t)
+        if (key_task(t, b, h, blk))
+          key_block_gradients<Flags>(kern, bp, pk, b, h, blk, tiles, nullptr);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < query_tasks; ++t)
+        if (query_task(t, b, h, blk))
+          sink_partials[size_t(t)] = query_block_task<Flags>(kern, bp, pk, b, h, blk, tiles);
+    }
+  }
+  if (bp.dsinks != nullptr)
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      float total = 0.0f;  // in task order: the same sum for any thread count
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t qb = 0; qb < q_per_seq; ++qb)
+          total += sink_partials[size_t((b * p.heads_q + h) * q_per_seq + qb)];
+      bp.dsinks[h] = total;
+    }
+}
+
+}  // namespace
+
+int64_t workspace_bytes(const BackwardParams& bp) {
+  const AttentionParams& p = bp.fwd;
+  const int64_t threads = omp_get_max_threads();
+  const int64_t query_tasks = p.batch * p.heads_q * blocks_of(p.seqlen_q, kBlockM);
+  // The packed fp32 blocks (D among them), each thread's Tiles (the fp32 dK/dV or dQ
+  // accumulators among them), the fused schedule's fp32 dQ accumulators, the sinks'
+  // partial sums.
+  const int64_t lanes = kernels().lanes;
+  const int64_t dp = ceil_div(p.head_dim, lanes) * lanes;
+  const int64_t dq_all = fused_schedule(p) ? p.heads_q * Packed(p, lanes).q_blocks * kBlockM * dp : 0;
+  return (Packed::floats(p, lanes) + threads * Tiles::floats(dp) + dq_all + query_tasks) *
+         int64_t(sizeof(float));
+}
+
+void run(const BackwardParams& bp) {
+  with_logits_flags(bp.fwd, [&](auto flags) { run_passes<decltype(flags)>(bp); });
+}
+
+#else  // without Highway cpu_flash is unavailable, and the dispatcher never calls these
+
+int64_t workspace_bytes(const BackwardParams&) { return 0; }
+void run(const BackwardParams&) {
+  throw Error(ErrorKind::unsupported, "cpu_flash: built without Google Highway");
+}
+
+#endif
+
+}  // namespace flashtile::detail::cpu_flash_backward
