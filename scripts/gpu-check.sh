@@ -113,14 +113,14 @@ if want python && [ -z "${SKIP_PYTHON:-}" ]; then
   # The package from the build above, against the image's torch/transformers/JAX.
   for f in ${PYTHON_TESTS:-tests/python/test_*.py}; do  # one process per file
     LIMIT=${PYTEST_LIMIT:-150} PYTHONPATH=$PWD/$build/python step "pytest_$(basename "$f" .py)" \
-      python3 -m pytest "$f" -q -rs -p no:cacheprovider
+      python3 -m pytest "$f" -q -rs -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"}
   done
 fi
 if want peers; then
   # PyTorch's FlashAttention-2 and cuDNN beside cuda_mma and cuda_sm90, one run.
   TAIL=45 LIMIT=${PEERS_LIMIT:-300} PYTHONUNBUFFERED=1 step peers python3 bench/peers.py --cli $F \
     --backends cuda_mma,cuda_sm90 --dtype "${PEERS_DTYPES:-bf16}" --peers flash,cudnn \
-    --out "$logs/peers"
+    --out "$logs/peers" ${PEERS_ARGS:-}
 fi
 echo "gpu-check: $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
 exit $status
