@@ -13,6 +13,7 @@
 
 #if HWY_ONCE
 #include "cpu/flash_backward.hpp"
+#include "cpu/simd_dispatch.hpp"
 #include "hwy/targets.h"
 
 namespace flashtile::detail::cpu_flash_backward {
@@ -22,20 +23,8 @@ HWY_EXPORT(Softcap);
 HWY_EXPORT(Probabilities);
 HWY_EXPORT(VectorLanes);
 
-namespace {
-// The first dynamic dispatch picks the target; done once and serially, so that threads
-// read the chosen pointers without racing on that choice.
-void choose_target_once() {
-  static const bool chosen = [] {
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
-    return true;
-  }();
-  (void)chosen;
-}
-}  // namespace
-
 Kernels kernels() {
-  choose_target_once();
+  choose_simd_target_once();
   return {HWY_DYNAMIC_DISPATCH(Gemm), HWY_DYNAMIC_DISPATCH(Softcap),
           HWY_DYNAMIC_DISPATCH(Probabilities), HWY_DYNAMIC_DISPATCH(VectorLanes)()};
 }

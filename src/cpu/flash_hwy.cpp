@@ -13,6 +13,7 @@
 #include "hwy/highway.h"
 
 #if HWY_ONCE
+#include "cpu/simd_dispatch.hpp"
 #include "hwy/targets.h"
 
 namespace flashtile::detail::cpu_flash {
@@ -23,25 +24,13 @@ HWY_EXPORT(VectorExp);
 HWY_EXPORT(VectorTanh);
 HWY_EXPORT(OnlineSoftmaxLanes);
 
-namespace {
-// The first dynamic dispatch picks the target; doing it here, once and serially, lets the
-// threads read the chosen function pointer without racing on that choice.
-void choose_target_once() {
-  static const bool chosen = [] {
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
-    return true;
-  }();
-  (void)chosen;
-}
-}  // namespace
-
 Geometry geometry(int64_t head_dim) {
-  choose_target_once();
+  choose_simd_target_once();
   return HWY_DYNAMIC_DISPATCH(GetGeometry)(head_dim);
 }
 
 QueryBlockFn query_block_kernel() {
-  choose_target_once();
+  choose_simd_target_once();
   return HWY_DYNAMIC_DISPATCH(RunQueryBlock);
 }
 
@@ -53,7 +42,7 @@ std::vector<std::string> available_targets() {
 }
 
 bool force_target(const std::string& name) {
-  choose_target_once();
+  choose_simd_target_once();
   hwy::SetSupportedTargetsForTest(0);  // 0 = back to what the CPU supports
   int64_t chosen = 0;
   for (int64_t target : hwy::SupportedAndGeneratedTargets())
@@ -68,18 +57,18 @@ bool force_target(const std::string& name) {
 }
 
 void vector_exp(const float* x, float* y, size_t n) {
-  choose_target_once();
+  choose_simd_target_once();
   HWY_DYNAMIC_DISPATCH(VectorExp)(x, y, n);
 }
 
 void vector_tanh(const float* x, float* y, size_t n) {
-  choose_target_once();
+  choose_simd_target_once();
   HWY_DYNAMIC_DISPATCH(VectorTanh)(x, y, n);
 }
 
 void online_softmax_lanes(float* scores, int64_t keys, int64_t rows, float* m, float* l,
                           float* alpha) {
-  choose_target_once();
+  choose_simd_target_once();
   HWY_DYNAMIC_DISPATCH(OnlineSoftmaxLanes)(scores, keys, rows, m, l, alpha);
 }
 

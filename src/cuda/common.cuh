@@ -20,6 +20,26 @@ inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), ke
 
 inline std::string cuda_backend_unavailable() { return cuda_unavailable_reason(); }
 
+// The compute capability of CUDA device `device_index`; `why` says why it could not be
+// queried (the CUDA error is then cleared), "" when it was.
+struct ComputeCapability {
+  int major = 0, minor = 0;
+  std::string why;  // "" when queried
+  int number() const { return major * 10 + minor; }
+  std::string text() const { return std::to_string(major) + "." + std::to_string(minor); }
+};
+inline ComputeCapability compute_capability(int device_index) {
+  ComputeCapability cc;
+  if (cudaDeviceGetAttribute(&cc.major, cudaDevAttrComputeCapabilityMajor, device_index) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&cc.minor, cudaDevAttrComputeCapabilityMinor, device_index) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    cc.why = "cannot query CUDA device " + std::to_string(device_index);
+  }
+  return cc;
+}
+
 // Grid: x = query blocks, y = heads, z = batch. y and z are limited to 65535 by CUDA.
 inline std::string grid_unsupported(const AttentionParams& p) {
   if (p.heads_q > 65535) return "heads_q must be <= 65535, got " + std::to_string(p.heads_q);

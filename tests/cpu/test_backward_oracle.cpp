@@ -10,6 +10,7 @@
 #include <random>
 
 #include "backward_case.hpp"
+#include "support/variants.hpp"
 #include "common/numeric.hpp"
 #include "flashtile/reference.hpp"
 #include "testing/attention_case.hpp"
@@ -20,14 +21,8 @@ namespace {
 using testing::AttentionCase;
 using testing::HostTensor;
 using testing::Shape;
-
-struct Variant {
-  const char* name;
-  Window window;
-  bool causal = false;
-  float softcap = 0.0f;
-  bool alibi = false, alibi_per_batch = false, sinks = false;
-};
+using testing::Variant;
+using testing::with_variant;
 
 const Variant kVariants[] = {
     {"full", {}},
@@ -42,16 +37,6 @@ const Variant kVariants[] = {
     {"sinks + window (0, 0)", {0, 0}, false, 0.0f, false, false, true},
     {"all", {3, 2}, false, 1.0f, true, true, true},
 };
-
-Shape with_variant(Shape s, const Variant& v) {
-  s.window = v.window;
-  s.causal = v.causal;
-  s.softcap = v.softcap;
-  s.alibi = v.alibi;
-  s.alibi_per_batch = v.alibi_per_batch;
-  s.sinks = v.sinks;
-  return s;
-}
 
 // Σ out∘dout of the forward oracle (dout contiguous, q's shape).
 double loss(const AttentionCase& c, const HostTensor& dout) {

@@ -14,6 +14,7 @@
 
 #include "api/params.hpp"
 #include "attn/softmax_state.hpp"
+#include "support/variants.hpp"
 #include "support/backend_grid.hpp"
 #include "support/nonfinite_cases.hpp"
 #include "support/oracle_check.hpp"
@@ -29,6 +30,8 @@ namespace {
 using testing::AttentionCase;
 using testing::HostTensor;
 using testing::Shape;
+using testing::Variant;
+using testing::with_variant;
 
 #define SKIP_WITHOUT_CPU_FLASH()                                                          \
   do {                                                                                    \
@@ -56,15 +59,6 @@ std::pair<std::vector<unsigned char>, std::vector<float>> run_bytes(const Shape&
   return {std::vector<unsigned char>(c.out.bytes.begin(), c.out.bytes.end()), c.lse};
 }
 
-// ---- the variants ----------------------------------------------------------------------
-struct Variant {
-  const char* name;
-  Window window;
-  bool causal = false;
-  float softcap = 0.0f;
-  bool alibi = false, alibi_per_batch = false, sinks = false;
-};
-
 // Every feature alone and in combination. The windows are narrower than the longer test
 // sequences, so they cut key blocks on both sides; softcaps of 0.3 saturate tanh on the
 // random scores, 8 barely bends them.
@@ -86,16 +80,6 @@ const std::vector<Variant>& variants() {
       {"all + causal", {64, -1}, true, 1.0f, true, false, true},
   };
   return all;
-}
-
-Shape with_variant(Shape s, const Variant& v) {
-  s.window = v.window;
-  s.causal = v.causal;
-  s.softcap = v.softcap;
-  s.alibi = v.alibi;
-  s.alibi_per_batch = v.alibi_per_batch;
-  s.sinks = v.sinks;
-  return s;
 }
 
 // The backend grid's lengths and layouts (MHA/GQA/MQA, strided), with every variant.

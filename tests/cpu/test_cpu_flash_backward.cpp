@@ -6,12 +6,15 @@
 #include <omp.h>
 
 #include "backward_case.hpp"
+#include "support/variants.hpp"
 
 namespace flashtile {
 namespace {
 
 using testing::BackwardCase;
 using testing::Shape;
+using testing::Variant;
+using testing::with_variant;
 
 #define SKIP_WITHOUT_CPU_FLASH()                                                          \
   do {                                                                                    \
@@ -19,14 +22,6 @@ using testing::Shape;
       GTEST_SKIP() << "cpu_flash unavailable: "                                           \
                    << backend_unavailable_reason(Backend::cpu_flash);                     \
   } while (0)
-
-struct Variant {
-  const char* name;
-  Window window;
-  bool causal = false;
-  float softcap = 0.0f;
-  bool alibi = false, alibi_per_batch = false, sinks = false;
-};
 
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> all = {
@@ -43,16 +38,6 @@ const std::vector<Variant>& variants() {
       {"all: window, softcap, alibi (b, h), sinks", {50, 7}, false, 2.0f, true, true, true},
   };
   return all;
-}
-
-Shape with_variant(Shape s, const Variant& v) {
-  s.window = v.window;
-  s.causal = v.causal;
-  s.softcap = v.softcap;
-  s.alibi = v.alibi;
-  s.alibi_per_batch = v.alibi_per_batch;
-  s.sinks = v.sinks;
-  return s;
 }
 
 void expect_passes(const Shape& s) {

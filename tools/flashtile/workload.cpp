@@ -123,6 +123,25 @@ void run_once(Workload& work, Backend backend) {
   }
 }
 
+// Median wall-clock milliseconds of a CPU call: one warm-up, then up to `repeats` timed
+// calls, stopping early once `cpu_budget_s` has passed (after at least 3).
+template <class Call>
+double cpu_median_ms(Call&& call, const TimingSettings& settings) {
+  using Clock = std::chrono::steady_clock;
+  for (int i = 0; i < std::min(settings.warmup, 1); ++i) call();
+  std::vector<double> times;
+  const auto start = Clock::now();
+  for (int i = 0; i < settings.repeats; ++i) {
+    const auto t0 = Clock::now();
+    call();
+    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    if (std::chrono::duration<double>(Clock::now() - start).count() > settings.cpu_budget_s &&
+        times.size() >= 3)
+      break;
+  }
+  return detail::median(times);
+}
+
 double median_ms(Workload& work, Backend backend, const TimingSettings& settings) {
   const Call c = make_call(work, backend);
   auto call = [&] { run_call(c); };
@@ -142,18 +161,7 @@ double median_ms(Workload& work, Backend backend, const TimingSettings& settings
       if (settings.flush_l2) flush.fill_bytes(0x5A);
     });
   }
-  for (int i = 0; i < std::min(settings.warmup, 1); ++i) call();
-  std::vector<double> times;
-  const auto start = Clock::now();
-  for (int i = 0; i < settings.repeats; ++i) {
-    const auto t0 = Clock::now();
-    call();
-    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-    if (std::chrono::duration<double>(Clock::now() - start).count() > settings.cpu_budget_s &&
-        times.size() >= 3)
-      break;
-  }
-  return detail::median(times);
+  return cpu_median_ms(call, settings);
 }
 
 ErrorReport measure_error(const Workload& work, double full_oracle_limit_flops) {
@@ -275,19 +283,7 @@ double median_backward_ms(Workload& work, Backend backend, const TimingSettings&
     if (with_forward) run_call(forward_call);
     call_backward(c);
   };
-  using Clock = std::chrono::steady_clock;
-  for (int i = 0; i < std::min(settings.warmup, 1); ++i) call();
-  std::vector<double> times;
-  const auto start = Clock::now();
-  for (int i = 0; i < settings.repeats; ++i) {
-    const auto t0 = Clock::now();
-    call();
-    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-    if (std::chrono::duration<double>(Clock::now() - start).count() > settings.cpu_budget_s &&
-        times.size() >= 3)
-      break;
-  }
-  return detail::median(times);
+  return cpu_median_ms(call, settings);
 }
 
 GradientVerification verify_gradients_of(const Workload& work) {

@@ -16,19 +16,11 @@ namespace {
 constexpr int kMinComputeCapability = 80;  // mma.sync bf16, ldmatrix, cp.async
 
 std::string device_unsuitable(int device_index) {
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index) !=
-          cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index) !=
-          cudaSuccess) {
-    cudaGetLastError();
-    return "cannot query CUDA device " + std::to_string(device_index);
-  }
-  const int cc = major * 10 + minor;
-  if (cc < kMinComputeCapability)
+  const ComputeCapability cc = compute_capability(device_index);
+  if (!cc.why.empty()) return cc.why;
+  if (cc.number() < kMinComputeCapability)
     return "cuda_mma needs compute capability >= 8.0 (sm_80); device " +
-           std::to_string(device_index) + " has " + std::to_string(major) + "." +
-           std::to_string(minor);
+           std::to_string(device_index) + " has " + cc.text();
   return "";
 }
 

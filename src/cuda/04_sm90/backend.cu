@@ -18,18 +18,11 @@ namespace {
 
 // sm_90a machine code runs on compute capability 9.0 exactly (wgmma is arch-specific).
 std::string device_unsuitable(int device_index) {
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index) !=
-          cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index) !=
-          cudaSuccess) {
-    cudaGetLastError();
-    return "cannot query CUDA device " + std::to_string(device_index);
-  }
-  if (major != 9 || minor != 0)
+  const ComputeCapability cc = compute_capability(device_index);
+  if (!cc.why.empty()) return cc.why;
+  if (cc.number() != 90)
     return "cuda_sm90 needs compute capability 9.0 (sm_90a: H100/H200); device " +
-           std::to_string(device_index) + " has " + std::to_string(major) + "." +
-           std::to_string(minor);
+           std::to_string(device_index) + " has " + cc.text();
   return "";
 }
 
