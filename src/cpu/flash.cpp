@@ -127,10 +127,27 @@ int split_count(const AttentionParams& p, const std::vector<QueryBlockTask>& tas
   return choose_splits(tiles, most, threads, /*min_blocks_per_split=*/4, /*max_splits=*/16);
 }
 
-// Partial outputs and LSEs of every (head, tile, split) when split: fp32, block_m rows each.
+// Where the split partials live: per (head, tile) the outputs (splits, block_m, head_dim),
+// then the LSEs (splits, block_m), fp32; a tile is head · tiles + its index in the schedule.
+struct SplitPartials {
+  float* base;
+  int splits;
+  int64_t block_m, head_dim;
+
+  int64_t tile_floats() const { return splits * block_m * (head_dim + 1); }
+  float* out(int64_t tile, int split) const {
+    return base + tile * tile_floats() + split * block_m * head_dim;
+  }
+  float* lse(int64_t tile, int split) const {
+    return base + tile * tile_floats() + splits * block_m * head_dim + split * block_m;
+  }
+};
+
+// Floats of every (head, tile)'s partials when split, 0 when not.
 int64_t partial_floats(const AttentionParams& p, const cpu_flash::Geometry& g, int64_t tiles,
                        int splits) {
-  return splits > 1 ? p.heads_q * tiles * splits * g.block_m * (p.head_dim + 1) : 0;
+  if (splits <= 1) return 0;
+  return p.heads_q * tiles * SplitPartials{nullptr, splits, g.block_m, p.head_dim}.tile_floats();
 }
 
 // One scratch per thread that has work; no more threads than tasks.
@@ -153,28 +170,26 @@ int64_t flash_workspace_bytes(const AttentionParams& p) {
 // Merges the split partials of every row of every (head, tile) into out and lse, in the
 // input dtype, through combine_partials (the NaN rule and the sink included).
 void combine_splits(const AttentionParams& p, const cpu_flash::Geometry& g,
-                    const std::vector<QueryBlockTask>& tasks, int splits, const float* partials) {
+                    const std::vector<QueryBlockTask>& tasks, const SplitPartials& partials) {
   const int64_t count = int64_t(tasks.size()), d = p.head_dim;
-  const int64_t tile_floats = splits * g.block_m * (d + 1);  // outputs, then LSEs
+  const int splits = partials.splits;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t t = 0; t < count * p.heads_q; ++t) {
     const QueryBlockTask& task = tasks[t % count];
     const int64_t h = t / count;
     const SeqlenInfo<int64_t> seq(p, task.batch);
     const Mask<int64_t> mask = seq.mask(p);
-    const float* out_s = partials + t * tile_floats;           // (splits, block_m, d)
-    const float* lse_s = out_s + splits * g.block_m * d;       // (splits, block_m)
     const float sink = sink_logit<float>(p, h);
     const int64_t i0 = task.block * g.block_m, rows = std::min(g.block_m, seq.seqlen_q - i0);
     std::vector<float> lse(splits), weight(splits);
     for (int64_t r = 0; r < rows; ++r) {
-      for (int s = 0; s < splits; ++s) lse[s] = lse_s[s * g.block_m + r];
+      for (int s = 0; s < splits; ++s) lse[s] = partials.lse(t, s)[r];
       const float row_lse = combine_partials(lse.data(), splits, sink,
                                              mask.visible_keys(i0 + r) > 0, weight.data());
       const int64_t dst = seq.o_offset(p, task.batch, i0 + r, h);
       for (int64_t c = 0; c < d; ++c) {
         float x = 0;
-        for (int s = 0; s < splits; ++s) x += weight[s] * out_s[(s * g.block_m + r) * d + c];
+        for (int s = 0; s < splits; ++s) x += weight[s] * partials.out(t, s)[r * d + c];
         store_from_float(p.o, p.dtype, dst + c, x);
       }
       if (p.lse != nullptr) p.lse[seq.lse_index(p, task.batch, h, i0 + r)] = row_lse;
@@ -194,8 +209,7 @@ void run_flash(const AttentionParams& p) {
   auto scratch = hwy::AllocateAligned<float>(
       static_cast<size_t>(threads * per_thread + partial_floats(p, g, count, splits)));
   if (!scratch) throw Error(ErrorKind::runtime, "cpu_flash: out of memory for its scratch");
-  float* partials = scratch.get() + threads * per_thread;
-  const int64_t tile_floats = splits * g.block_m * (p.head_dim + 1);
+  const SplitPartials partials{scratch.get() + threads * per_thread, splits, g.block_m, p.head_dim};
   // With the cache, a thread takes a few neighbouring query blocks at a time, so that most
   // of their K/V blocks are packed once.
   const int chunk = slots > 0 ? 4 : 1;
@@ -218,14 +232,13 @@ void run_flash(const AttentionParams& p) {
       if (splits > 1) {
         split.split = static_cast<int>(t % splits);
         split.splits = splits;
-        split.partial_out = partials + tile * tile_floats + split.split * g.block_m * p.head_dim;
-        split.partial_lse = partials + tile * tile_floats + splits * g.block_m * p.head_dim +
-                            split.split * g.block_m;
+        split.partial_out = partials.out(tile, split.split);
+        split.partial_lse = partials.lse(tile, split.split);
       }
       kernel(p, task.batch, h, task.block, mine, cache, split);
     }
   }
-  if (splits > 1) combine_splits(p, g, tasks, splits, partials);
+  if (splits > 1) combine_splits(p, g, tasks, partials);
 }
 
 #else
