@@ -153,12 +153,37 @@ struct DrawResult {
   std::vector<Outcome> outcomes;
 };
 
-// One draw: the shape in every dtype, the oracle once per dtype, then each wanted backend.
-// Runs on one thread (the oracle's own parallel loop is nested, hence serial, here).
+// error / bound, safe for a zero bound.
+double bound_ratio(double error, double bound) { return error / std::max(bound, 1e-300); }
+
+// The backend's out and lse under the forward rule against the oracle's (computed once per
+// dtype: `exact` and `lowprec` start empty).
+void check_outputs(Workload& work, Backend backend, std::optional<ReferenceResult>& exact,
+                   std::optional<ReferenceResult>& lowprec, Outcome& outcome) {
+  if (!exact) {
+    exact = work.host.reference();
+    if (work.host.shape.dtype != DType::f32) lowprec = work.host.reference(ReferencePrecision::lowprec);
+  }
+  run_once(work, backend);
+  const Verification v = verify_against(*exact, lowprec ? &*lowprec : nullptr,
+                                        work.host.out.view, work.host.lse.data());
+  outcome.ran = true;
+  outcome.passed = v.pass();
+  outcome.ratio = std::max(bound_ratio(v.out_error, v.out_bound), bound_ratio(v.lse_error, v.lse_bound));
+  if (!outcome.passed) {
+    char line[512];
+    std::snprintf(line, sizeof line, "FAIL %s %s: out err %.3g (bound %.3g), lse err %.3g (bound %.3g)\n",
+                  std::string(backend_name(backend)).c_str(), work.host.shape.describe().c_str(),
+                  v.out_error, v.out_bound, v.lse_error, v.lse_bound);
+    outcome.failure = line;
+  }
+}
+
 // --pass bwd: the backend's gradients, from its own forward's out and lse, under the backward
 // rule against the oracle's (computed once per dtype).
 void check_gradients(Workload& work, Backend backend, std::optional<ReferenceGradients>& exact,
                      std::optional<ReferenceGradients>& lowprec, Outcome& outcome) {
+  run_once(work, backend);  // the out and lse the backward starts from
   run_backward_once(work, backend);
   const Gradients& g = work.gradients();
   if (!exact) {
@@ -169,11 +194,11 @@ void check_gradients(Workload& work, Backend backend, std::optional<ReferenceGra
   const GradientVerification v =
       verify_gradients(*exact, lowprec ? &*lowprec : nullptr, g.dq.view, g.dk.view, g.dv.view,
                        g.dsinks.empty() ? nullptr : g.dsinks.data());
-  auto ratio = [](double error, double bound) { return error / std::max(bound, 1e-300); };
   outcome.ran = true;
   outcome.passed = v.pass();
-  outcome.ratio = std::max({ratio(v.dq_error, v.dq_bound), ratio(v.dk_error, v.dk_bound),
-                            ratio(v.dv_error, v.dv_bound), ratio(v.dsinks_error, v.dsinks_bound)});
+  outcome.ratio = std::max({bound_ratio(v.dq_error, v.dq_bound), bound_ratio(v.dk_error, v.dk_bound),
+                            bound_ratio(v.dv_error, v.dv_bound),
+                            bound_ratio(v.dsinks_error, v.dsinks_bound)});
   if (!outcome.passed) {
     char line[640];
     std::snprintf(line, sizeof line,
@@ -186,6 +211,8 @@ void check_gradients(Workload& work, Backend backend, std::optional<ReferenceGra
   }
 }
 
+// One draw: the shape in every dtype, the oracle once per dtype, then each wanted backend.
+// Runs on one thread (the oracle's own parallel loop is nested, hence serial, here).
 DrawResult run_draw(const Shape& base, uint32_t seed, const std::vector<Backend>& wanted,
                     Pass pass) {
   DrawResult result;
@@ -207,30 +234,10 @@ DrawResult run_draw(const Shape& base, uint32_t seed, const std::vector<Backend>
         result.outcomes.push_back(outcome);  // unsupported
         continue;
       }
-      if (pass == Pass::bwd) {
-        run_once(work, backend);  // the out and lse the backward starts from
+      if (pass == Pass::bwd)
         check_gradients(work, backend, exact_grads, lowprec_grads, outcome);
-        result.outcomes.push_back(outcome);
-        continue;
-      }
-      if (!exact) {
-        exact = work.host.reference();
-        if (dtype != DType::f32) lowprec = work.host.reference(ReferencePrecision::lowprec);
-      }
-      run_once(work, backend);
-      const Verification v = verify_against(*exact, lowprec ? &*lowprec : nullptr,
-                                            work.host.out.view, work.host.lse.data());
-      outcome.ran = true;
-      outcome.passed = v.pass();
-      outcome.ratio = std::max(v.out_error / std::max(v.out_bound, 1e-300),
-                               v.lse_error / std::max(v.lse_bound, 1e-300));
-      if (!outcome.passed) {
-        char line[512];
-        std::snprintf(line, sizeof line, "FAIL %s %s: out err %.3g (bound %.3g), lse err %.3g (bound %.3g)\n",
-                      std::string(backend_name(backend)).c_str(), work.host.shape.describe().c_str(),
-                      v.out_error, v.out_bound, v.lse_error, v.lse_bound);
-        outcome.failure = line;
-      }
+      else
+        check_outputs(work, backend, exact, lowprec, outcome);
       result.outcomes.push_back(outcome);
     }
   }
