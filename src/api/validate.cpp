@@ -95,6 +95,12 @@ class Validator {
   // Reads the varlen arrays on the host (device arrays in one batch), or fails naming one.
   void read_int32(const std::vector<NamedInt32Read>& reads) const;
   void normalise_window(AttentionParams& p) const;
+  // Fails unless output `f` overlaps neither itself (when `view` is given: a strided view)
+  // nor any footprint in `others`.
+  void require_disjoint(const Footprint& f, const TensorView* view,
+                        const std::vector<Footprint>& others) const;
+  // Elements of the LSE: [batch, heads_q, seqlen_q] dense, [heads_q, total_q] varlen.
+  int64_t lse_elements(const AttentionParams& p) const;
   // A view of backward shaped as `like` (dout, dq, dk, dv): checked as q is, with q's dtype
   // and device and like's shape; returns its strides.
   ViewStrides check_gradient(const TensorView& grad, const TensorView& like, const char* name,
@@ -353,13 +359,7 @@ AttentionParams Validator::run() {
 
   if (has_out) {
     const Footprint out_footprint = view_footprint(out, "out");
-    if (self_overlap(out_footprint.layout) != Overlap::no)
-      fail(ErrorKind::invalid_argument, "out must not overlap itself: its strides (", out.strides[0],
-           ", ", out.strides[1], ", ", out.strides[2], ", ", out.strides[3],
-           ") map distinct elements to the same memory");
-    for (const Footprint& input : inputs_)
-      if (overlaps(out_footprint, input))
-        fail(ErrorKind::invalid_argument, "out must not overlap ", input.name);
+    require_disjoint(out_footprint, &out, inputs_);
     inputs_.push_back(out_footprint);
   }
 
@@ -372,13 +372,9 @@ AttentionParams Validator::run() {
     p.lse_batch_stride = mul(p.heads_q, p.seqlen_q, "lse");
   }
   if (call_.options.lse != nullptr) {
-    const int64_t elements = varlen ? mul(p.heads_q, p.total_q, "lse")
-                                    : mul(p.batch, p.lse_batch_stride, "lse");
-    const Footprint lse_footprint =
-        footprint(call_.options.lse, {elements}, {1}, int64_t(sizeof(float)), "lse");
-    for (const Footprint& other : inputs_)
-      if (overlaps(lse_footprint, other))
-        fail(ErrorKind::invalid_argument, "lse must not overlap ", other.name);
+    require_disjoint(
+        footprint(call_.options.lse, {lse_elements(p)}, {1}, int64_t(sizeof(float)), "lse"),
+        nullptr, inputs_);
     p.lse = call_.options.lse;
   }
 
@@ -396,6 +392,21 @@ AttentionParams Validator::run() {
   strides(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
   strides(out, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
   return p;
+}
+
+void Validator::require_disjoint(const Footprint& f, const TensorView* view,
+                                 const std::vector<Footprint>& others) const {
+  if (view != nullptr && self_overlap(f.layout) != Overlap::no)
+    fail(ErrorKind::invalid_argument, f.name, " must not overlap itself: its strides (",
+         view->strides[0], ", ", view->strides[1], ", ", view->strides[2], ", ", view->strides[3],
+         ") map distinct elements to the same memory");
+  for (const Footprint& other : others)
+    if (overlaps(f, other)) fail(ErrorKind::invalid_argument, f.name, " must not overlap ", other.name);
+}
+
+int64_t Validator::lse_elements(const AttentionParams& p) const {
+  return call_.varlen != nullptr ? mul(p.heads_q, p.total_q, "lse")
+                                 : mul(p.batch, p.lse_batch_stride, "lse");
 }
 
 ViewStrides Validator::check_gradient(const TensorView& grad, const TensorView& like,
@@ -429,23 +440,13 @@ BackwardParams Validator::run_backward(const BackwardArgs& grads) {
   if (grads.lse == nullptr)
     fail(ErrorKind::invalid_argument, "lse is null: backward needs the log-sum-exp forward "
                                       "returned (fp32, [batch, heads_q, seqlen_q])");
-  const int64_t lse_elements = call_.varlen != nullptr ? mul(p.heads_q, p.total_q, "lse")
-                                                       : mul(p.batch, p.lse_batch_stride, "lse");
-  inputs_.push_back(footprint(grads.lse, {lse_elements}, {1}, int64_t(sizeof(float)), "lse"));
+  inputs_.push_back(footprint(grads.lse, {lse_elements(p)}, {1}, int64_t(sizeof(float)), "lse"));
 
   // Outputs: each against itself, every input and the outputs before it.
   std::vector<Footprint> outputs;
   auto check_output = [&](const Footprint& f, const TensorView* view) {
-    if (view != nullptr && self_overlap(f.layout) != Overlap::no)
-      fail(ErrorKind::invalid_argument, f.name, " must not overlap itself: its strides (",
-           view->strides[0], ", ", view->strides[1], ", ", view->strides[2], ", ",
-           view->strides[3], ") map distinct elements to the same memory");
-    for (const Footprint& input : inputs_)
-      if (overlaps(f, input))
-        fail(ErrorKind::invalid_argument, f.name, " must not overlap ", input.name);
-    for (const Footprint& other : outputs)
-      if (overlaps(f, other))
-        fail(ErrorKind::invalid_argument, f.name, " must not overlap ", other.name);
+    require_disjoint(f, view, inputs_);
+    require_disjoint(f, nullptr, outputs);
     outputs.push_back(f);
   };
   const struct {
