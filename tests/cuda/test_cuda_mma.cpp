@@ -28,15 +28,9 @@ using testing::Shape;
 
 constexpr Backend kMma = Backend::cuda_mma;
 
-#define SKIP_WITHOUT_MMA_DEVICE()                                                  \
-  do {                                                                             \
-    FLASHTILE_SKIP_WITHOUT_CUDA();                                                 \
-    if (!backend_available(kMma))                                                  \
-      GTEST_SKIP() << "cuda_mma unavailable: " << backend_unavailable_reason(kMma); \
-  } while (0)
+#define SKIP_WITHOUT_MMA_DEVICE() FLASHTILE_SKIP_WITHOUT_BACKEND(kMma)
 
-// Under compute-sanitizer the long lengths are left out (FLASHTILE_SMALL_GRID=1).
-bool small_grid() { return std::getenv("FLASHTILE_SMALL_GRID") != nullptr; }
+using testing::small_grid;
 
 // On failure: where the output is off, to tell a wrong row or column from a rounding slip.
 void report_worst(const AttentionCase& c, const Verification& verdict,

@@ -32,15 +32,9 @@ using testing::Shape;
 
 constexpr Backend kSm90 = Backend::cuda_sm90;
 
-#define SKIP_WITHOUT_SM90_DEVICE()                                                    \
-  do {                                                                                \
-    FLASHTILE_SKIP_WITHOUT_CUDA();                                                    \
-    if (!backend_available(kSm90))                                                    \
-      GTEST_SKIP() << "cuda_sm90 unavailable: " << backend_unavailable_reason(kSm90); \
-  } while (0)
+#define SKIP_WITHOUT_SM90_DEVICE() FLASHTILE_SKIP_WITHOUT_BACKEND(kSm90)
 
-// Under compute-sanitizer the long lengths are left out (FLASHTILE_SMALL_GRID=1).
-bool small_grid() { return std::getenv("FLASHTILE_SMALL_GRID") != nullptr; }
+using testing::small_grid;
 
 Shape shape_of(DType dtype, int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
                int64_t d) {
