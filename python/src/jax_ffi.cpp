@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "flashtile/flashtile.hpp"
 #include "packed_message.hpp"
@@ -277,48 +278,37 @@ ffi::Error attention_cuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyB
 
 }  // namespace
 
-// q, k, v, then the optional operands; out, then the optional lse; the attributes.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(flashtile_attention_cpu, attention_cpu<kDense>,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .RemainingArgs()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .RemainingRets()
-                                  .Attrs<CallAttrs>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(flashtile_attention_varlen_cpu, attention_cpu<kVarlen>,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .RemainingArgs()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .RemainingRets()
-                                  .Attrs<CallAttrs>());
+namespace {
+// What every handler takes after its context: q, k, v, then the optional operands; out,
+// then the optional lse; the attributes.
+template <class Binding>
+auto with_call_operands(Binding&& binding) {
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .RemainingArgs()
+      .template Ret<ffi::AnyBuffer>()
+      .RemainingRets()
+      .template Attrs<CallAttrs>();
+}
 #if FLASHTILE_WITH_CUDA
-XLA_FFI_DEFINE_HANDLER_SYMBOL(flashtile_attention_cuda, attention_cuda<kDense>,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .RemainingArgs()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .RemainingRets()
-                                  .Attrs<CallAttrs>());
+// The CUDA handlers' context first: the stream XLA hands them and the device ordinal.
+auto cuda_binding() {
+  return with_call_operands(
+      ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::DeviceOrdinal>());
+}
+#endif
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashtile_attention_cpu, attention_cpu<kDense>,
+                              with_call_operands(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashtile_attention_varlen_cpu, attention_cpu<kVarlen>,
+                              with_call_operands(ffi::Ffi::Bind()));
+#if FLASHTILE_WITH_CUDA
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashtile_attention_cuda, attention_cuda<kDense>, cuda_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashtile_attention_varlen_cuda, attention_cuda<kVarlen>,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .RemainingArgs()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .RemainingRets()
-                                  .Attrs<CallAttrs>());
+                              cuda_binding());
 #endif
 
 namespace {
