@@ -170,15 +170,6 @@ TEST_P(CudaMmaGrid, VariantsMatchOracle) {
 // per sequence, seqused_k, with masks and the other features aligned per sequence.
 TEST_P(CudaMmaGrid, VarlenMatchesOracle) {
   SKIP_WITHOUT_MMA_DEVICE();
-  struct Batch {
-    std::vector<int64_t> q, k, used;
-  };
-  const Batch batches[] = {
-      {{1, 1, 1}, {1, 1, 1}, {}},
-      {{0, 5, 130, 1, 64}, {7, 0, 129, 1, 300}, {}},
-      {{33, 0, 200, 17}, {60, 12, 150, 17}, {41, 0, 150, 3}},
-      {{128, 257, 2}, {128, 257, 2}, {128, 100, 0}},
-  };
   struct Variant {
     bool causal;
     Window window;
@@ -187,7 +178,7 @@ TEST_P(CudaMmaGrid, VarlenMatchesOracle) {
   };
   const Variant variants[] = {{false, {}, 0, false, false}, {true, {}, 0, false, false},
                               {false, {20, 3}, 0, false, true}, {true, {}, 15.0f, true, true}};
-  for (const Batch& batch : batches)
+  for (const testing::VarlenBatch& batch : testing::varlen_batches())
     for (const Variant& v : variants)
       for (int64_t d : {64, 128}) {
         Shape s = shape_of(GetParam(), 1, 0, 0, 4, 2, d);

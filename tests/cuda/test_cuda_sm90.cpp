@@ -195,22 +195,13 @@ TEST_P(CudaSm90Grid, MasksAndSinksMatchOracle) {
 // seqused_k, with masks and sinks aligned per sequence.
 TEST_P(CudaSm90Grid, VarlenMatchesOracle) {
   SKIP_WITHOUT_SM90_DEVICE();
-  struct Batch {
-    std::vector<int64_t> q, k, used;
-  };
-  const Batch batches[] = {
-      {{1, 1, 1}, {1, 1, 1}, {}},
-      {{0, 5, 130, 1, 64}, {7, 0, 129, 1, 300}, {}},
-      {{33, 0, 200, 17}, {60, 12, 150, 17}, {41, 0, 150, 3}},
-      {{128, 257, 2}, {128, 257, 2}, {128, 100, 0}},
-  };
   struct Variant {
     bool causal;
     Window window;
     bool sinks;
   };
   const Variant variants[] = {{false, {}, false}, {true, {}, false}, {false, {20, 3}, true}};
-  for (const Batch& batch : batches)
+  for (const testing::VarlenBatch& batch : testing::varlen_batches())
     for (const Variant& v : variants)
       for (int64_t d : {64, 128}) {
         Shape s = shape_of(GetParam(), 1, 0, 0, 4, 2, d);

@@ -39,4 +39,19 @@ inline std::vector<Shape> backend_grid(const std::vector<int64_t>& head_dims, DT
   return grid;
 }
 
+// The packed varlen batches the GPU suites run: empty sequences (no queries, no keys),
+// length-1 sequences, sq != sk per sequence, seqused_k (`used`, empty for none).
+struct VarlenBatch {
+  std::vector<int64_t> q, k, used;
+};
+inline const std::vector<VarlenBatch>& varlen_batches() {
+  static const std::vector<VarlenBatch> batches = {
+      {{1, 1, 1}, {1, 1, 1}, {}},
+      {{0, 5, 130, 1, 64}, {7, 0, 129, 1, 300}, {}},
+      {{33, 0, 200, 17}, {60, 12, 150, 17}, {41, 0, 150, 3}},
+      {{128, 257, 2}, {128, 257, 2}, {128, 100, 0}},
+  };
+  return batches;
+}
+
 }  // namespace flashtile::testing
