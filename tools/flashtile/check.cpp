@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <set>
@@ -244,6 +245,28 @@ DrawResult run_draw(const Shape& base, uint32_t seed, const std::vector<Backend>
   return result;
 }
 
+// The score pairs a draw's oracle computes, per head dim unit: what its run time scales with.
+double estimated_work(const Shape& s) {
+  double pairs = 0;
+  if (s.is_varlen()) {
+    for (size_t b = 0; b < s.varlen_q.size(); ++b) pairs += double(s.varlen_q[b]) * double(s.varlen_k[b]);
+  } else {
+    pairs = double(s.batch) * double(s.seqlen_q) * double(s.seqlen_k);
+  }
+  return pairs * double(s.heads_q) * double(s.head_dim);
+}
+
+// The order to run a batch's draws in: the heaviest first, so that a long draw does not start
+// last and hold the whole batch (draw costs span four orders of magnitude).
+std::vector<int> heaviest_first(const std::vector<Shape>& shapes) {
+  std::vector<int> order(shapes.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return estimated_work(shapes[size_t(a)]) > estimated_work(shapes[size_t(b)]);
+  });
+  return order;
+}
+
 }  // namespace
 
 int run_check(const CheckOptions& o) {
@@ -286,23 +309,30 @@ int run_check(const CheckOptions& o) {
   const int max_draws = 20 * o.shapes;
   // Draws run in batches, one draw per thread: the shapes are drawn in order from the one
   // generator and the results folded in draw order, so the report does not depend on the
-  // thread count. A batch may take a backend a few shapes past `shapes`.
-  const int batch_size = 4 * omp_get_max_threads();
+  // thread count or on the order a batch runs in. A batch ends on its slowest thread, so it
+  // is long (32 draws a thread) and runs heaviest first; it may take a backend past `shapes`.
+  const int batch_size = 32 * omp_get_max_threads();
   int draws = 0;
   while (draws < max_draws && std::any_of(backends.begin(), backends.end(), needs_more)) {
     std::vector<Backend> wanted;
     for (Backend b : backends)
       if (needs_more(b)) wanted.push_back(b);
     const bool variant_wanted = std::any_of(wanted.begin(), wanted.end(), may_take_variants);
-    const int batch = std::min(batch_size, max_draws - draws);
+    // No longer than the neediest backend still needs (but not so short that threads idle).
+    int still_needed = 0;
+    for (Backend b : wanted) still_needed = std::max(still_needed, o.shapes - runs[b]);
+    const int batch = std::min({batch_size, std::max(still_needed, 4 * omp_get_max_threads()),
+                                max_draws - draws});
     std::vector<Shape> shapes;
     for (int i = 0; i < batch; ++i)
       shapes.push_back(variant_wanted && rng() % 2 == 0 ? random_variant_shape(rng, o.max_seqlen)
                                                         : random_dense_shape(rng, o.max_seqlen));
     std::vector<DrawResult> results(static_cast<size_t>(batch));
     std::vector<std::string> errors(static_cast<size_t>(batch));
+    const std::vector<int> order = heaviest_first(shapes);
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int i = 0; i < batch; ++i) {
+    for (int n = 0; n < batch; ++n) {
+      const int i = order[size_t(n)];
       try {
         results[i] = run_draw(shapes[i], o.seed + uint32_t(draws + i), wanted, o.pass);
       } catch (const std::exception& e) {
