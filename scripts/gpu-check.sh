@@ -108,6 +108,9 @@ if want cpu; then
     TAIL=3 step "cpu_flash_writeup_t$threads" $F bench --backends cpu_flash,cpu_standard \
       --threads $threads --seqlen 1024 --head-dim 64 --repeats 20
   done
+  # cpu_flash's backward beside torch CPU SDPA's, at 1 thread and all cores (issue 10).
+  LIMIT=${CPU_BWD_LIMIT:-150} TAIL=12 step cpu_backward_vs_torch python3 bench/cpu_vs_torch.py \
+    --flashtile $F --pass bwd --threads "1,$(nproc)" --warmup 1 --repeats 3 --output "$logs/cpu_backward_vs_torch.json"
 fi
 if want python && [ -z "${SKIP_PYTHON:-}" ]; then
   # The package from the build above, against the image's torch/transformers/JAX.
