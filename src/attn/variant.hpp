@@ -47,8 +47,14 @@ struct LogitsTransform {
   // scale·qk, capped when kSoftcap: c·tanh(scale·qk / c).
   template <bool kSoftcap, class Tanh = PreciseTanh>
   FT_HOST_DEVICE T scaled(T qk, Tanh tanh = {}) const {
-    if constexpr (kSoftcap) return softcap * tanh(qk * capped_scale);
+    if constexpr (kSoftcap) return softcap * capped_in_cap_units(qk, tanh);
     return qk * scale;
+  }
+  // The softcapped logit in units of the cap, tanh(scale·qk / c): a kernel that keeps its
+  // scores in these units folds c into the exp2's multiply (c > 0 keeps the max in place).
+  template <class Tanh = PreciseTanh>
+  FT_HOST_DEVICE T capped_in_cap_units(T qk, Tanh tanh = {}) const {
+    return tanh(qk * capped_scale);
   }
   // d scaled / d qk, the backward pass's chain rule, from the scaled value itself: scale, or
   // scale·(1 - tanh²) = scale·(1 - (capped/c)²) under the softcap. ALiBi adds a constant

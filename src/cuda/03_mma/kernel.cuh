@@ -269,8 +269,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     __syncthreads();
   }
   // Softcap and ALiBi (when Logits asks for them) turn raw scores into natural-unit logits
-  // before the softmax; the plain kernel instead folds the scale into its exp2.
+  // before the softmax; the plain kernel instead folds the scale into its exp2, and the
+  // softcap-only kernel the cap c (its scores are tanh(scale·qk / c), logits / c; c > 0).
   const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
+  constexpr bool kCapUnits = Logits::kSoftcap && !Logits::kAlibi;  // RuntimeLogits has both
+  constexpr bool kScoresInUnits = Logits::kPlain || kCapUnits;
+  const float score_unit = Logits::kPlain ? scale : (kCapUnits ? logits.softcap : 1.0f);
+  const float unit_log2 = Logits::kPlain ? scale_log2 : score_unit * kLog2e;
   // The last query row of the block: its first key bounds every row's (masks are monotone).
   const int last_row = min(row_start + kBlockM, seq.seqlen_q) - 1;
 
@@ -363,7 +368,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
             for (int e = 0; e < 2; ++e) fn(s[mt][nt][2 * half + e], row, n0 + nt * 8 + 2 * t + e);
         }
     };
-    if constexpr (!Logits::kPlain)
+    if constexpr (kCapUnits)
+      for_each_score([&](float& x, int, int) { x = logits.capped_in_cap_units(x, ptx::TanhApprox{}); });
+    else if constexpr (!Logits::kPlain)
       for_each_score([&](float& x, int row, int key) {
         x = transformed_logit<Logits>(logits, x, mask, row, key);
       });
@@ -393,9 +400,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         // The quad's four lanes hold the row's columns.
         row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
         row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
-        // In natural units: the plain kernel's raw scores still carry the scale.
+        // In natural units: the plain kernel's raw scores still lack the scale, the softcap
+        // kernel's the cap.
         float block_max = row_max;
-        if constexpr (Logits::kPlain) block_max = row_max == kNegInf ? kNegInf : row_max * scale;
+        if constexpr (kScoresInUnits)
+          block_max = row_max == kNegInf ? kNegInf : row_max * score_unit;
         SoftmaxState<float>& st = state[mt][half];
         const float alpha = online_softmax_rescale(st, block_max);
         // Once the running maxima settle, most tiles leave every row's m unchanged
@@ -407,11 +416,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
             o[mt][dt][2 * half + 1] *= alpha;
           }
         }
-        // P = exp(logit - m) = 2^(logit·log2e - m·log2e), the plain kernel's logit being
-        // scale·s: one FFMA + one MUFU.EX2 per score. The softcap kernel's tanh is a second
-        // MUFU op per score: it takes kSoftcapFmaExp2Tiles n-tiles' exp2 on the FMA pipe.
+        // P = exp(logit - m) = 2^(logit·log2e - m·log2e), the logit being unit·s: one FFMA +
+        // one MUFU.EX2 per score. The softcap kernel's tanh is a second MUFU op per score:
+        // it takes kSoftcapFmaExp2Tiles n-tiles' exp2 on the FMA pipe.
         const float shift = safe_shift(st.m) * kLog2e;
-        const float to_log2 = Logits::kPlain ? scale_log2 : kLog2e;
+        const float to_log2 = kScoresInUnits ? unit_log2 : kLog2e;
         constexpr int kFmaExp2Tiles =
             Logits::kSoftcap && !Logits::kAlibi ? Cfg::kSoftcapFmaExp2Tiles : 0;
         float row_sum = 0.0f;
