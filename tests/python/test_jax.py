@@ -348,17 +348,21 @@ def test_kernel_grad_matches_the_double_oracle(rng, variant, dtype):
     extra = None
     if sinks is not None and dtype != jnp.float32:
         with jax.enable_x64(True):
-            out64, lse64 = jnp_attention(*as64((q, k, v)), alibi_slopes=alibi, sinks=sinks,
-                                         compute_dtype=jnp.float64, **static)
+            out64, lse64 = jax.jit(lambda *a: jnp_attention(
+                *a, alibi_slopes=alibi, sinks=sinks, compute_dtype=jnp.float64, **static))(
+                    *as64((q, k, v)))
         extra = {"dsinks": sinks_accumulation_bound(sinks, out64, lse64, weights, dtype)}
     check_grads(["dq", "dk", "dv", "dsinks"], got, oracle, lowprec, dtype, extra)
     if dtype == jnp.float32:  # the interim reference, given the same out and lse, agrees
         opts = ftj._options("test", static.get("causal", False), static.get("scale"),
                             static.get("window", (-1, -1)), static.get("softcap", 0.0), "auto",
                             False, False)
-        out, lse = ftj._forward_dense(opts, True, q, k, v, alibi, sinks)
-        reference = ftj._reference_backward(opts, q, k, v, alibi, sinks, out, lse,
-                                            weights, jnp.zeros_like(lse))
+        def reference(q, k, v, alibi, sinks):
+            out, lse = ftj._forward_dense(opts, True, q, k, v, alibi, sinks)
+            return ftj._reference_backward(opts, q, k, v, alibi, sinks, out, lse,
+                                           weights.astype(dtype), jnp.zeros_like(lse))
+
+        reference = jax.jit(reference)(q, k, v, alibi, sinks)
         for g, r in zip(got, reference[:3] + reference[4:]):
             assert normwise(g, r) <= 1e-5
 
@@ -421,7 +425,7 @@ def test_alibi_slopes_get_their_gradient_only_when_differentiated(rng):
     # Differentiated: the reference runs and gives their exact gradient.
     both = jax.grad(loss(ours), (0, 1))
     assert backward_path(both, q, alibi) == "reference"
-    want = jax.grad(loss(jnp_attention), (0, 1))(q, alibi)
+    want = jax.jit(jax.grad(loss(jnp_attention), (0, 1)))(q, alibi)
     assert_grads_close(jax.jit(both)(q, alibi), want)
     assert_grads_close([jax.jit(jax.grad(loss(ours), 0))(q, alibi)], want[:1])
 
@@ -503,8 +507,9 @@ def test_vmap_of_grad_with_sinks_runs_the_slices_in_turn(rng):
         attention(q, k, v, causal=True, sinks=s) ** 2), (0, 1, 2, 3))
     batched = jax.jit(jax.vmap(grad(ftj.attention), in_axes=(0, 0, 0, None)))(qs, ks, vs,
                                                                               sinks)
+    want_fn = jax.jit(grad(lambda *a, **kw: jnp_attention(*a, **kw)[0]))
     for i in range(3):
-        want = grad(lambda *a, **kw: jnp_attention(*a, **kw)[0])(qs[i], ks[i], vs[i], sinks)
+        want = want_fn(qs[i], ks[i], vs[i], sinks)
         assert_grads_close([x[i] for x in batched], want)
 
 
@@ -558,8 +563,9 @@ def test_varlen_kernel_grad_matches_the_double_oracle_per_sequence(rng, dtype):
         _, lse = ftj.attention_varlen(*(x.astype(jnp.float32) for x in (q, k, v)), cu_q, cu_k,
                                       seqused_k=used, alibi_slopes=alibi, sinks=sinks,
                                       return_lse=True, **static)
-        out64 = per_sequence(lambda *a, **kw: jnp_attention(*a, **kw), *(
-            x.astype(jnp.float32) for x in (q, k, v)), alibi, sinks, **static)
+        out64 = jax.jit(lambda q, k, v: per_sequence(jnp_attention, q, k, v, alibi, sinks,
+                                                     **static))(
+            *(x.astype(jnp.float32) for x in (q, k, v)))
         extra = {"dsinks": sinks_accumulation_bound(sinks, out64, lse, weights, dtype, True)}
     check_grads(["dq", "dk", "dv", "dsinks"], got, oracle, lowprec, dtype, extra)
     # Key rows no sequence uses (sequence 1's three, sequence 2's last four) get 0.
@@ -794,7 +800,8 @@ def test_cuda_grad_matches_the_double_oracle(rng, variant, dtype):
     extra = None
     if sinks is not None:
         with jax.enable_x64(True):
-            out64, lse64 = jnp_attention(*as64((q, k, v)), alibi_slopes=alibi, sinks=sinks,
-                                         compute_dtype=jnp.float64, **static)
+            out64, lse64 = jax.jit(lambda *a: jnp_attention(
+                *a, alibi_slopes=alibi, sinks=sinks, compute_dtype=jnp.float64, **static))(
+                    *as64((q, k, v)))
         extra = {"dsinks": sinks_accumulation_bound(sinks, out64, lse64, weights, dtype)}
     check_grads(["dq", "dk", "dv", "dsinks"], got, oracle, lowprec, dtype, extra)
