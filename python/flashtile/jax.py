@@ -11,11 +11,13 @@ the call when it runs, and its errors surface as JAX runtime errors carrying its
 - vmap: a batching rule folds the mapped axis into the batch dimension (one kernel call);
   an unbatched q, k or v is broadcast first. Mapped sinks, and attention_varlen, run the
   mapped calls one after another (jax.lax.map).
-- grad: jax.custom_vjp. The backward is, for now, the interim reference _reference_backward:
-  plain jnp ops recomputing the scores from the saved LSE (O(seqlen_q * seqlen_k) memory per
-  head, every variant, gradients for ALiBi slopes and sinks too), until flashtile's backward
-  kernels land; swapping them in replaces that one function (_reference_backward_varlen
-  for attention_varlen).
+- grad: jax.custom_vjp, whose backward is flashtile::backward (backward_varlen) as another
+  custom call, from the saved out and LSE: dq, dk, dv, and dsinks with sinks. Which backward
+  runs is decided while tracing, per platform ("which backward runs" below): the kernels
+  where the library serves the call, else the interim reference _reference_backward (plain
+  jnp, O(seqlen_q * seqlen_k) memory per head), with a warning on the "flashtile.jax" logger.
+  The reference also gives the gradients the kernels do not: into the returned lse, and of
+  differentiated ALiBi slopes.
 """
 
 from __future__ import annotations
@@ -327,7 +329,7 @@ def _kernel_backward_varlen(opts: _Options, q, k, v, cu_seqlens_q, cu_seqlens_k,
                   *[x for x in optional if x is not None])
 
 
-# --- the interim reference backward -------------------------------------------------------------
+# --- the reference backward --------------------------------------------------------------------
 
 def _visible(rel, left: int, right: int):
     """Key j is visible to query i when rel = j - (i + seqlen_k - seqlen_q) lies in
@@ -395,9 +397,9 @@ def _window(opts: _Options) -> tuple:
 
 
 def _reference_backward(opts: _Options, q, k, v, alibi_slopes, sinks, out, lse, dout, dlse):
-    """The interim backward of attention (plain jnp, O(Sq*Sk) per head): dq, dk, dv (dtypes of
-    q, k, v), dalibi_slopes and dsinks (None when not given). flashtile's backward kernels
-    replace this function."""
+    """The reference backward of attention (plain jnp, O(Sq*Sk) per head): dq, dk, dv (dtypes
+    of q, k, v), dalibi_slopes and dsinks (None when not given). It runs where the kernels
+    cannot ("which backward runs" below)."""
     _, seqlen_q, heads_q, _ = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
@@ -457,7 +459,7 @@ def _reference_backward_varlen(opts: _Options, q, k, v, cu_seqlens_q, cu_seqlens
                                alibi_slopes, sinks, out, lse, dout, dlse):
     """The interim backward of attention_varlen: the packed batch as one block-diagonal
     problem (plain jnp, O(total_q * total_k) per head). Returns dq, dk, dv, dalibi_slopes,
-    dsinks; flashtile's varlen backward kernel replaces this function."""
+    dsinks; it runs where the kernels cannot."""
     total_q, heads_q, _ = q.shape
     total_k, heads_kv = k.shape[0], k.shape[1]
     group = heads_q // heads_kv
