@@ -6,9 +6,10 @@
 // handler wraps XLA's buffers (dense, row-major) in flashtile TensorViews and calls
 // flashtile::forward / forward_varlen / backward / backward_varlen; a flashtile::Error comes
 // back to JAX as an FFI error carrying the library's message. backward_refusal() answers,
-// at trace time, whether flashtile::backward would serve a call (jax.py's vjp asks it). Compiled into the nanobind module (as the submodule
-// flashtile._flashtile.jax_ffi) only when the build found XLA's FFI headers (see
-// python/CMakeLists.txt); they are header-only, so nothing of jaxlib is linked.
+// at trace time, whether flashtile::backward would serve a call (jax.py's vjp asks it).
+// Compiled into the nanobind module (as the submodule flashtile._flashtile.jax_ffi) only
+// when the build found XLA's FFI headers (see python/CMakeLists.txt); they are header-only,
+// so nothing of jaxlib is linked.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
@@ -337,8 +338,10 @@ ffi::Error attention_backward(const Api& api, flashtile::Device device, void* st
            "expected " + std::to_string(expected_rets + 1) + " results (dq, dk, dv" +
                (attrs.has_sinks ? ", dsinks" : "") + "), got " + std::to_string(rets.size() + 1));
     const flashtile::TensorView dq_view = tensor_view(api, *dq, "dq", device);
-    const flashtile::TensorView dk_view = tensor_view(api, result(api, rets, 0, "dk"), "dk", device);
-    const flashtile::TensorView dv_view = tensor_view(api, result(api, rets, 1, "dv"), "dv", device);
+    const flashtile::TensorView dk_view =
+        tensor_view(api, result(api, rets, 0, "dk"), "dk", device);
+    const flashtile::TensorView dv_view =
+        tensor_view(api, result(api, rets, 1, "dv"), "dv", device);
     if (attrs.has_sinks) {
       ffi::AnyBuffer dsinks = result(api, rets, 2, "dsinks");
       if (dsinks.element_type() != ffi::DataType::F32)
