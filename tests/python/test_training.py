@@ -129,3 +129,48 @@ def test_tiny_llama_trains_like_sdpa(device, dtype):
     # It trains: the loss of each batch falls well below its first value.
     for first in range(2):
         assert curves[NAME][first + STEPS - 2] < 0.8 * curves[NAME][first]
+
+
+def test_compiled_training_step_with_dynamic_lengths_compiles_once():
+    # forward + backward of a step through the op under torch.compile(dynamic=True), through
+    # AOTAutograd (loss.backward() breaks the graph; the compiled backward runs for it): one
+    # forward and one backward graph for four sequence lengths, the backward graph calling
+    # flashtile's backward op (the kernels), the gradients those of the eager step.
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = {"forward": [], "backward": []}
+
+    def counting(kind):
+        def compiler(graph_module, example_inputs):
+            graphs[kind].append(graph_module)
+            return make_boxed_func(graph_module.forward)
+        return compiler
+
+    backend = aot_autograd(fw_compiler=counting("forward"), bw_compiler=counting("backward"))
+    torch.manual_seed(0)
+    project = torch.nn.Linear(32, 3 * 4 * 16)
+
+    def step(x):
+        batch, seqlen, _ = x.shape
+        q, k, v = project(x).view(batch, seqlen, 3, 4, 16).unbind(2)
+        out = flashtile.torch.attention(q, k, v, causal=True, window=(16, 0), softcap=20.0)
+        loss = out.float().pow(2).mean()
+        loss.backward()
+        return loss
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=backend, dynamic=True)
+    for seqlen in (24, 37, 61, 130):
+        x = torch.randn(2, seqlen, 32)
+        project.zero_grad()
+        loss = compiled(x)
+        grads = [p.grad.clone() for p in project.parameters()]
+        project.zero_grad()
+        want = step(x)
+        torch.testing.assert_close(loss, want)
+        for got, expected in zip(grads, (p.grad for p in project.parameters())):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert len(graphs["forward"]) == 1 and len(graphs["backward"]) == 1, {
+        kind: len(found) for kind, found in graphs.items()}
+    assert "flashtile.attention_backward" in str(graphs["backward"][0].code)
