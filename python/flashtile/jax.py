@@ -579,7 +579,7 @@ def _perturbed(primal) -> bool:
     return primal is not None and primal.perturbed
 
 
-def _dense_cotangents(opts: _Options, cotangent, out):
+def _cotangents(opts: _Options, cotangent, out):
     """(dout, dlse or None) from the custom_vjp's symbolic-zero cotangents."""
     dout, dlse = cotangent if opts.return_lse else (cotangent, None)
     if isinstance(dout, SymbolicZero):
@@ -609,7 +609,7 @@ def _attention_fwd(opts: _Options, q, k, v, alibi_slopes, sinks):
 
 def _attention_bwd(opts: _Options, residuals, cotangent):
     q, k, v, alibi_slopes, sinks, out, lse, slopes_perturbed = residuals
-    dout, dlse = _dense_cotangents(opts, cotangent, out)
+    dout, dlse = _cotangents(opts, cotangent, out)
 
     def reference():
         grads = _reference_backward(opts, q, k, v, alibi_slopes, sinks, out, lse, dout,
@@ -677,7 +677,7 @@ def _attention_varlen_fwd(opts: _Options, q, k, v, cu_seqlens_q, cu_seqlens_k, s
 def _attention_varlen_bwd(opts: _Options, residuals, cotangent):
     *args, out, lse, slopes_perturbed = residuals
     q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sinks = args
-    dout, dlse = _dense_cotangents(opts, cotangent, out)
+    dout, dlse = _cotangents(opts, cotangent, out)
 
     def reference():
         dq, dk, dv, dslopes, dsinks = _reference_backward_varlen(

@@ -17,6 +17,8 @@ gradients are flashtile's backward kernels on the CPU (python/flashtile/torch.py
   held to 1e-5 on their own); bfloat16 max|g - g64| <= 2·max|g_sdpa - g64| + 1e-4 with
   g_sdpa the sdpa model in bfloat16 (the issue's 16-bit rule, sdpa as the reference in the
   input precision).
+
+And a training step under torch.compile(dynamic=True) compiles once for many lengths.
 """
 
 import pytest
