@@ -445,9 +445,16 @@ std::pair<std::string, std::string> backward_refusal(
   try {
     const flashtile::Device device = device_type == "cpu" ? flashtile::Device::cpu()
                                                           : flashtile::Device::cuda(0);
-    const flashtile::DType dtype = dtype_name == "float32"   ? flashtile::DType::f32
-                                   : dtype_name == "float16" ? flashtile::DType::f16
-                                                             : flashtile::DType::bf16;
+    flashtile::DType dtype;
+    if (dtype_name == "float32")
+      dtype = flashtile::DType::f32;
+    else if (dtype_name == "float16")
+      dtype = flashtile::DType::f16;
+    else if (dtype_name == "bfloat16")
+      dtype = flashtile::DType::bf16;
+    else
+      fail(kDenseBackward, ErrorKind::dtype,
+           "q.dtype must be float32, float16 or bfloat16, got " + std::string(dtype_name));
     uintptr_t next_address = uintptr_t{1} << 40;
     auto address = [&](int64_t bytes) {
       const uintptr_t at = next_address;
