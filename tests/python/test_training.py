@@ -89,9 +89,14 @@ def train(implementation, device, dtype, data):
 
 
 def skip_unless_flashtile_trains(device, dtype):
+    """Skips where no flashtile backend runs the model's calls (causal, head_dim 32; dense and
+    varlen) in this dtype: fp32 on CUDA has cuda_tiled only, which takes no varlen batch."""
     probe = torch.zeros(1, 9, 2, 32, device=device, dtype=dtype, requires_grad=True)
+    cu_seqlens = torch.tensor([0, 4, 9], dtype=torch.int32, device=device)
     try:
         flashtile.torch.attention(probe, probe, probe, causal=True).sum().backward()
+        flashtile.torch.attention_varlen(probe[0], probe[0], probe[0], cu_seqlens, cu_seqlens,
+                                         causal=True).sum().backward()
     except (ValueError, RuntimeError) as error:
         pytest.skip(f"flashtile cannot train {dtype} on {device}: {error}")
 
