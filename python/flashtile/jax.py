@@ -16,8 +16,8 @@ the call when it runs, and its errors surface as JAX runtime errors carrying its
   runs is decided while tracing, per platform ("which backward runs" below): the kernels
   where the library serves the call, else the interim reference _reference_backward (plain
   jnp, O(seqlen_q * seqlen_k) memory per head), with a warning on the "flashtile.jax" logger.
-  The reference also gives the gradients the kernels do not: into the returned lse, and of
-  differentiated ALiBi slopes.
+  A gradient into the returned lse goes through the kernels one head dim wider
+  (_with_lse_cotangent); the reference gives differentiated ALiBi slopes their gradient.
 """
 
 from __future__ import annotations
@@ -522,10 +522,8 @@ def _log_reference(reason: str) -> None:
                  "kernels: %s", reason)
 
 
-def _reference_reason(lse_cotangent: bool, slopes_perturbed: bool) -> str:
+def _reference_reason(slopes_perturbed: bool) -> str:
     """Why the kernels cannot give this gradient whatever the platform ("" when they can)."""
-    if lse_cotangent:
-        return "a gradient flows into the returned lse, which the kernels take no gradient of"
     if slopes_perturbed:
         return "the ALiBi slopes are differentiated, and the kernels give them no gradient"
     return ""
@@ -551,12 +549,18 @@ def _backward_backend(platform: str, opts: _Options, dtype: str, q_shape: tuple,
     return None
 
 
-def _choose_backward(opts: _Options, q, k, alibi_slopes, sinks, kernels, reference, why: str):
-    """kernels(backend) or reference(), both () -> the same gradients, as decided above."""
+def _choose_backward(opts: _Options, q, k, alibi_slopes, sinks, kernels, reference, why: str,
+                     widened: bool):
+    """kernels(backend) or reference(), both () -> the same gradients, as decided above.
+    widened: the kernels run one head dim wider (_with_lse_cotangent)."""
     if why:
         _log_reference(why)
         return reference()
-    shape = lambda x: x.shape if x.ndim == 4 else (1,) + x.shape  # a packed tensor: batch 1
+
+    def shape(x):  # a packed tensor: batch 1
+        dims = x.shape if x.ndim == 4 else (1,) + x.shape
+        return dims[:-1] + (dims[-1] + 1,) if widened else dims
+
     alibi_shape = () if alibi_slopes is None else (
         alibi_slopes.shape if q.ndim == 4 or alibi_slopes.ndim == 1 else (1, q.shape[1]))
     key = (opts, jnp.dtype(q.dtype).name, shape(q), shape(k), alibi_shape, sinks is not None)
@@ -567,6 +571,30 @@ def _choose_backward(opts: _Options, q, k, alibi_slopes, sinks, kernels, referen
 
     return jax.lax.platform_dependent(
         default=reference, **{p: branch(p) for p in _jax_platforms()})
+
+
+def _with_lse_cotangent(opts: _Options, run, q, k, v, out, dout, lse, dlse, sinks,
+                        head_axis: int):
+    """The kernels' gradients with a cotangent g of the lse too. ∂lse_i/∂s_ij = P_ij adds
+    P_ij·g_i to dS_ij = P_ij·(dP_ij − D_i); the kernels form dP_ij = dO_i·v_j and
+    D_i = dO_i·out_i, so one more head dim carries it: q, k and out get a 0 there, v a 1 and
+    dO the row's g, which makes dP_ij + g_i and leaves S and D as they were (the scale stays
+    the unwidened head dim's). dsinks = Σ P_sink·(g − D): the kernels give −Σ P_sink·D, the
+    Σ P_sink·g is added here. run(opts, q, k, v, out, dout) -> the kernels' gradients; lse and
+    dlse have the heads at head_axis, the rows after it ((B, H, S) or (H, T))."""
+    widen = lambda x, fill: jnp.concatenate([x, jnp.full(x.shape[:-1] + (1,), fill, x.dtype)],
+                                            axis=-1)
+    g = jnp.swapaxes(dlse, head_axis, head_axis + 1)[..., None].astype(dout.dtype)  # like dO
+    scale = opts.scale if opts.scale is not None else q.shape[-1] ** -0.5
+    dq, dk, dv, *dsinks = run(opts._replace(scale=scale), widen(q, 0), widen(k, 0), widen(v, 1),
+                              widen(out, 0), jnp.concatenate([dout, g], axis=-1))
+    grads = [dq[..., :-1], dk[..., :-1], dv[..., :-1]]
+    if dsinks:
+        per_head = [-1 if axis == head_axis else 1 for axis in range(lse.ndim)]
+        p_sink = jnp.exp(sinks.reshape(per_head) - lse)
+        rows = tuple(axis for axis in range(lse.ndim) if axis != head_axis)
+        grads.append(dsinks[0] + jnp.sum(p_sink * dlse, axis=rows))
+    return grads
 
 
 def _values(*primals) -> tuple:
@@ -617,12 +645,16 @@ def _attention_bwd(opts: _Options, residuals, cotangent):
         return grads if slopes_perturbed else (*grads[:3], None, grads[4])
 
     def kernels(backend):
-        dq, dk, dv, *dsinks = _kernel_backward(opts._replace(backend=backend), q, k, v,
-                                               alibi_slopes, sinks, out, lse, dout)
+        def run(opts, q, k, v, out, dout):
+            return _kernel_backward(opts._replace(backend=backend), q, k, v, alibi_slopes, sinks,
+                                    out, lse, dout)
+        dq, dk, dv, *dsinks = (run(opts, q, k, v, out, dout) if dlse is None else
+                               _with_lse_cotangent(opts, run, q, k, v, out, dout, lse, dlse,
+                                                   sinks, head_axis=1))
         return dq, dk, dv, None, dsinks[0] if dsinks else None
 
     return _choose_backward(opts, q, k, alibi_slopes, sinks, kernels, reference,
-                            _reference_reason(dlse is not None, slopes_perturbed))
+                            _reference_reason(slopes_perturbed), widened=dlse is not None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
@@ -685,13 +717,18 @@ def _attention_varlen_bwd(opts: _Options, residuals, cotangent):
         return dq, dk, dv, dslopes if slopes_perturbed else None, dsinks
 
     def kernels(backend):
-        dq, dk, dv, *dsinks = _kernel_backward_varlen(opts._replace(backend=backend), *args,
-                                                      out, lse, dout)
+        def run(opts, q, k, v, out, dout):
+            return _kernel_backward_varlen(opts._replace(backend=backend), q, k, v, cu_seqlens_q,
+                                           cu_seqlens_k, seqused_k, alibi_slopes, sinks, out,
+                                           lse, dout)
+        dq, dk, dv, *dsinks = (run(opts, q, k, v, out, dout) if dlse is None else
+                               _with_lse_cotangent(opts, run, q, k, v, out, dout, lse, dlse,
+                                                   sinks, head_axis=0))
         return dq, dk, dv, None, dsinks[0] if dsinks else None
 
     dq, dk, dv, dslopes, dsinks = _choose_backward(
-        opts, q, k, alibi_slopes, sinks, kernels, reference,
-        _reference_reason(dlse is not None, slopes_perturbed))
+        opts, q, k, alibi_slopes, sinks, kernels, reference, _reference_reason(slopes_perturbed),
+        widened=dlse is not None)
     return dq, dk, dv, None, None, None, dslopes, dsinks  # no gradient for the int32 arrays
 
 

@@ -247,9 +247,9 @@ def test_vmap_varlen(rng):
 # --- grad ---------------------------------------------------------------------------------------
 #
 # Which backward runs: the kernels (flashtile::backward as the custom call
-# flashtile_attention[_varlen]_backward) where the library serves the call, else the interim
-# jnp reference (a gradient into lse, differentiated ALiBi slopes, a platform without a
-# backward backend). `backward_path` reads it from the lowered program.
+# flashtile_attention[_varlen]_backward) where the library serves the call (a gradient into
+# lse too, one head dim wider), else the interim jnp reference (differentiated ALiBi slopes,
+# a platform without a backward backend). `backward_path` reads it from the lowered program.
 
 GRAD_VARIANTS = {"full": {}, "causal": {"causal": True}, **VARIANTS}
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim) per dtype, so that every variant
@@ -264,14 +264,15 @@ def backward_path(fn, *args):
     return compiled_with_path(fn, *args)[1]
 
 
-def compiled_with_path(fn, *args):
-    """jax.jit(fn) compiled for args, and its backward_path."""
+def compiled_with_path(fn, *args, hlo=False):
+    """jax.jit(fn) compiled for args, its backward_path (and the lowered program's text)."""
     lowered = jax.jit(fn).lower(*args)
-    hlo = lowered.as_text()
-    if re.search(r"flashtile_attention(_varlen)?_backward", hlo):
-        assert "dot_general" not in hlo
-        return lowered.compile(), "kernels"
-    return lowered.compile(), "reference"
+    text = lowered.as_text()
+    path = "reference"
+    if re.search(r"flashtile_attention(_varlen)?_backward", text):
+        assert "dot_general" not in text
+        path = "kernels"
+    return (lowered.compile(), path) + ((text,) if hlo else ())
 
 
 def normwise(got, want):
@@ -381,31 +382,50 @@ def test_deterministic_grads_are_bitwise_equal(rng):
         ftj.attention(q, k, v, deterministic=1)
 
 
-@pytest.mark.parametrize("variant", GRAD_VARIANTS, ids=str)
-def test_reference_grad_with_lse_and_slopes_matches_plain_jnp(rng, variant):
-    # A gradient into the returned lse and differentiated slopes: the reference's work.
+LSE_GRAD_CASES = [(variant, "float32") for variant in GRAD_VARIANTS] + [
+    (variant, "bfloat16") for variant in ("causal", "sinks", "everything")]
+
+
+@pytest.mark.parametrize("variant, dtype", LSE_GRAD_CASES, ids=str)
+def test_grad_through_lse_and_slopes_matches_the_double_oracle(rng, variant, dtype):
+    # A gradient into the returned lse too: the kernels one head dim wider
+    # (_with_lse_cotangent); differentiated ALiBi slopes: the reference.
+    dtype = DTYPES[dtype]
     options = make_options(rng, 2, 4, GRAD_VARIANTS[variant])
     arrays, static = split_static(jax_options(options))
-    q, k, v = (to_jax(x) for x in random_case(rng, 2, 13, 19, 4, 2, 16))
-    weights = to_jax(rng.uniform(-1, 1, q.shape).astype(np.float32))
+    q, k, v = (to_jax(x, dtype) for x in random_case(rng, 2, 13, 19, 4, 2, 16))
+    weights = to_jax(rng.uniform(-1, 1, q.shape).astype(np.float32), dtype).astype(jnp.float32)
     lse_weights = to_jax(rng.uniform(-1, 1, (2, 4, 13)).astype(np.float32))
 
-    def loss(attention):
+    def loss(attention, **kw):
         def fn(q, k, v, a):
-            out, lse = attention(q, k, v, **a, **static)
+            out, lse = attention(q, k, v, **a, **static, **kw)
             # lse rows of -inf (no key, no sink) have no gradient: keep them out of the loss.
-            return jnp.sum(out * weights) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0)
-                                                    * lse_weights)
+            return jnp.sum(out.astype(jnp.float32) * weights) + jnp.sum(
+                jnp.where(jnp.isfinite(lse), lse, 0.0) * lse_weights)
         return fn
 
-    ours_fn = jax.grad(loss(lambda *a, **kw: ftj.attention(*a, return_lse=True, **kw)),
-                       argnums=(0, 1, 2, 3))
-    assert backward_path(ours_fn, q, k, v, arrays) == "reference"
-    ours = jax.jit(ours_fn)(q, k, v, arrays)
-    want = jax.jit(jax.grad(loss(jnp_attention), argnums=(0, 1, 2, 3)))(q, k, v, arrays)
-    assert_grads_close(ours[:3], want[:3])
+    argnums = (0, 1, 2, 3)
+    compiled, path = compiled_with_path(jax.grad(loss(ftj.attention, return_lse=True), argnums),
+                                        q, k, v, arrays)
+    assert path == ("reference" if "alibi_slopes" in arrays else "kernels")
+    ours = compiled(q, k, v, arrays)
+    oracle = oracle_grad(loss(jnp_attention, compute_dtype=jnp.float64), argnums,
+                         (q, k, v, arrays))
+    lowprec = ours if dtype == jnp.float32 else jax.jit(jax.grad(
+        loss(jnp_attention, compute_dtype=dtype), argnums))(q, k, v, arrays)
+    names = sorted(arrays)
     assert set(ours[3]) == set(arrays)
-    assert_grads_close([ours[3][n] for n in sorted(arrays)], [want[3][n] for n in sorted(arrays)])
+    flat = lambda grads: [*grads[:3], *(grads[3][n] for n in names)]
+    extra = None
+    if "sinks" in arrays and dtype != jnp.float32:
+        with jax.enable_x64(True):
+            out64, lse64 = jax.jit(lambda *a: jnp_attention(
+                *a, **arrays, compute_dtype=jnp.float64, **static))(*as64((q, k, v)))
+        extra = {"sinks": sinks_accumulation_bound(arrays["sinks"], out64, lse64, weights,
+                                                    dtype)}
+    check_grads(["dq", "dk", "dv", *names], flat(ours), flat(oracle), flat(lowprec), dtype,
+                extra)
 
 
 def assert_grads_close(got, want, tolerance=2e-4):
@@ -525,37 +545,47 @@ def varlen_case(rng, dtype):
 
 
 def per_sequence(attention, q, k, v, alibi, sinks, **static):
-    """out of the packed batch, one plain attention per sequence (0 for rows seeing no key)."""
-    rows = []
+    """(out (T, H, D) fp32, lse (H, T)) of the packed batch, one plain attention per sequence
+    (a row seeing no key: out 0, lse the sink's logit)."""
+    rows, lses = [], []
     for b in range(4):
         q0, q1, k0, used = VARLEN_CU_Q[b], VARLEN_CU_Q[b + 1], VARLEN_CU_K[b], VARLEN_USED[b]
         if q1 == q0:
             continue
         if used == 0:
             rows.append(jnp.zeros((q1 - q0,) + q.shape[1:], jnp.float32))
+            lses.append(jnp.broadcast_to(sinks[:, None], (q.shape[1], q1 - q0)))
             continue
-        out = attention(q[None, q0:q1], k[None, k0:k0 + used], v[None, k0:k0 + used],
-                        alibi_slopes=alibi[b], sinks=sinks, **static)[0]
+        out, lse = attention(q[None, q0:q1], k[None, k0:k0 + used], v[None, k0:k0 + used],
+                             alibi_slopes=alibi[b], sinks=sinks, **static)
         rows.append(out[0].astype(jnp.float32))
-    return jnp.concatenate(rows)
+        lses.append(lse[0])
+    return jnp.concatenate(rows), jnp.concatenate(lses, axis=1)
 
 
+@pytest.mark.parametrize("with_lse", [False, True], ids=["out", "out_and_lse"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_varlen_kernel_grad_matches_the_double_oracle_per_sequence(rng, dtype):
+def test_varlen_kernel_grad_matches_the_double_oracle_per_sequence(rng, dtype, with_lse):
     dtype = DTYPES[dtype]
     q, k, v, alibi, sinks = varlen_case(rng, dtype)
     cu_q, cu_k, used = (jnp.array(x, jnp.int32) for x in (VARLEN_CU_Q, VARLEN_CU_K, VARLEN_USED))
     static = dict(causal=True, window=(5, 0), softcap=1.5)
     weights = to_jax(rng.uniform(-1, 1, q.shape).astype(np.float32), dtype).astype(jnp.float32)
-    packed = lambda q, k, v, s: jnp.sum(ftj.attention_varlen(
-        q, k, v, cu_q, cu_k, seqused_k=used, alibi_slopes=alibi, sinks=s,
-        **static).astype(jnp.float32) * weights)
-    plain = lambda compute: lambda q, k, v, s: jnp.sum(per_sequence(
+    lse_weights = to_jax(rng.uniform(-1, 1, (4, 20)).astype(np.float32))
+    # Without lse in the loss its cotangent is a symbolic zero: the kernels' plain call.
+    loss = lambda out, lse: jnp.sum(out.astype(jnp.float32) * weights) + (
+        jnp.sum(lse * lse_weights) if with_lse else 0.0)
+    packed = lambda q, k, v, s: loss(*ftj.attention_varlen(
+        q, k, v, cu_q, cu_k, seqused_k=used, alibi_slopes=alibi, sinks=s, return_lse=True,
+        **static))
+    plain = lambda compute: lambda q, k, v, s: loss(*per_sequence(
         lambda *a, **kw: jnp_attention(*a, **kw, compute_dtype=compute), q, k, v, alibi, s,
-        **static) * weights)
+        **static))
     argnums, args = (0, 1, 2, 3), (q, k, v, sinks)
-    compiled, path = compiled_with_path(jax.grad(packed, argnums), *args)
+    compiled, path, hlo = compiled_with_path(jax.grad(packed, argnums), *args, hlo=True)
     assert path == "kernels"
+    # The gradient into lse rides one more head dim (16 -> 17) through the kernels.
+    assert bool(re.search(r"tensor<20x4x17x", hlo)) == with_lse
     got = compiled(*args)
     oracle = oracle_grad(plain(jnp.float64), argnums, args)
     lowprec = got if dtype == jnp.float32 else jax.jit(jax.grad(plain(dtype), argnums))(*args)
@@ -565,7 +595,7 @@ def test_varlen_kernel_grad_matches_the_double_oracle_per_sequence(rng, dtype):
                                       seqused_k=used, alibi_slopes=alibi, sinks=sinks,
                                       return_lse=True, **static)
         out64 = jax.jit(lambda q, k, v: per_sequence(jnp_attention, q, k, v, alibi, sinks,
-                                                     **static))(
+                                                     **static)[0])(
             *(x.astype(jnp.float32) for x in (q, k, v)))
         extra = {"dsinks": sinks_accumulation_bound(sinks, out64, lse, weights, dtype, True)}
     check_grads(["dq", "dk", "dv", "dsinks"], got, oracle, lowprec, dtype, extra)
