@@ -347,6 +347,11 @@ ffi::Error attention_backward(const Api& api, flashtile::Device device, void* st
       if (dsinks.element_type() != ffi::DataType::F32)
         fail(api, ErrorKind::dtype,
              "dsinks.dtype must be float32, got " + type_name(dsinks.element_type()));
+      // The library writes heads_q floats there (Options::dsinks).
+      if (static_cast<int64_t>(dsinks.element_count()) != call.q.heads())
+        fail(api, ErrorKind::invalid_argument,
+             "dsinks must have heads_q = " + std::to_string(call.q.heads()) + " elements, got " +
+                 std::to_string(dsinks.element_count()));
       call.options.dsinks = static_cast<float*>(dsinks.untyped_data());
     }
     if (api.packed)
