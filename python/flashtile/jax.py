@@ -11,20 +11,24 @@ the call when it runs, and its errors surface as JAX runtime errors carrying its
 - vmap: a batching rule folds the mapped axis into the batch dimension (one kernel call);
   an unbatched q, k or v is broadcast first. Mapped sinks, and attention_varlen, run the
   mapped calls one after another (jax.lax.map).
-- grad: jax.custom_vjp. The backward is, for now, the interim reference _reference_backward:
-  plain jnp ops recomputing the scores from the saved LSE (O(seqlen_q * seqlen_k) memory per
-  head, every variant, gradients for ALiBi slopes and sinks too), until flashtile's backward
-  kernels land; swapping them in replaces that one function (_reference_backward_varlen
-  for attention_varlen).
+- grad: jax.custom_vjp, whose backward is flashtile::backward (backward_varlen) as another
+  custom call, from the saved out and LSE: dq, dk, dv, and dsinks with sinks. Which backward
+  runs is decided while tracing, per platform ("which backward runs" below): the kernels
+  where the library serves the call, else the interim reference _reference_backward (plain
+  jnp, O(seqlen_q * seqlen_k) memory per head), with a warning on the "flashtile.jax" logger.
+  A gradient into the returned lse goes through the kernels one head dim wider
+  (_with_lse_cotangent); the reference gives differentiated ALiBi slopes their gradient.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 import numpy as np
 
 from . import _flashtile
@@ -66,20 +70,23 @@ class _Options(NamedTuple):
     softcap: float
     backend: str
     return_lse: bool
+    deterministic: bool = False  # the backward's Options::deterministic
     # varlen only
     max_seqlen_q: Optional[int] = None
     max_seqlen_k: Optional[int] = None
 
 
-def _options(api: str, causal, scale, window, softcap, backend, return_lse,
+def _options(api: str, causal, scale, window, softcap, backend, return_lse, deterministic,
              max_seqlen_q=None, max_seqlen_k=None) -> _Options:
     static = dict(causal=causal, scale=scale, window=window, softcap=softcap, backend=backend,
-                  return_lse=return_lse, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                  return_lse=return_lse, deterministic=deterministic,
+                  max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     for name, value in static.items():
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(value)):
             raise TypeError(f"{api}: {name} is a static option, but got a traced value: under "
                             f"jax.jit pass it through static_argnames (or a closure)")
-    for name, flag in (("causal", causal), ("return_lse", return_lse)):
+    for name, flag in (("causal", causal), ("return_lse", return_lse),
+                       ("deterministic", deterministic)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{api}: {name} must be True or False (a static argument under "
                             f"jit), got {flag!r}")
@@ -94,7 +101,7 @@ def _options(api: str, causal, scale, window, softcap, backend, return_lse,
     optional_int = lambda x: None if x is None else int(x)
     return _Options(bool(causal), None if scale is None else float(scale), (left, right),
                     0.0 if softcap is None else float(softcap), backend, bool(return_lse),
-                    optional_int(max_seqlen_q), optional_int(max_seqlen_k))
+                    bool(deterministic), optional_int(max_seqlen_q), optional_int(max_seqlen_k))
 
 
 def _check_tensors(api: str, ndim: int, layout: str, **tensors) -> None:
@@ -128,7 +135,7 @@ def _ffi_attrs(opts: _Options, has_alibi: bool, has_sinks: bool, has_seqused_k: 
                 has_sinks=np.bool_(has_sinks), has_seqused_k=np.bool_(has_seqused_k),
                 max_seqlen_q=np.int64(-1 if opts.max_seqlen_q is None else opts.max_seqlen_q),
                 max_seqlen_k=np.int64(-1 if opts.max_seqlen_k is None else opts.max_seqlen_k),
-                backend=opts.backend)
+                backend=opts.backend, deterministic=np.bool_(opts.deterministic))
 
 
 def _call_dense(opts: _Options, with_lse: bool, q, k, v, alibi_slopes, sinks):
@@ -142,6 +149,22 @@ def _call_dense(opts: _Options, with_lse: bool, q, k, v, alibi_slopes, sinks):
     outs = call(q, k, v, *extras, **_ffi_attrs(opts, alibi_slopes is not None,
                                                sinks is not None, False))
     return tuple(outs) if with_lse else outs[0]
+
+
+def _gradient_results(q, k, v, sinks) -> list:
+    """What a backward call returns: dq, dk, dv like q, k, v; dsinks fp32 (heads_q) with sinks."""
+    results = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
+    if sinks is not None:
+        results.append(jax.ShapeDtypeStruct(sinks.shape, jnp.float32))
+    return results
+
+
+def _call_dense_backward(opts: _Options, q, k, v, out, dout, lse, alibi_slopes, sinks):
+    """(dq, dk, dv), or (dq, dk, dv, dsinks): flashtile::backward as one custom call."""
+    extras = [x for x in (alibi_slopes, sinks) if x is not None]
+    call = jax.ffi.ffi_call("flashtile_attention_backward", _gradient_results(q, k, v, sinks))
+    return tuple(call(q, k, v, out, dout, lse, *extras,
+                      **_ffi_attrs(opts, alibi_slopes is not None, sinks is not None, False)))
 
 
 def _fold(x, axis_size: int, batched: bool):
@@ -164,9 +187,13 @@ def _map_slices(kernel, axis_size: int, in_batched, args):
     return out, jax.tree.map(lambda _: True, out)
 
 
-@functools.lru_cache(maxsize=None)
-def _dense_kernel(opts: _Options, with_lse: bool, has_alibi: bool, has_sinks: bool):
-    """The custom call as a function of arrays only, with its batching rule."""
+def _dense_custom_vmap(call, tensors: int, has_alibi: bool, has_sinks: bool,
+                       map_with_sinks: bool):
+    """call(*arrays) with a batching rule. Its first `tensors` arguments (q, k, v, ...) and
+    every result lead with the batch dimension, into which the rule folds the mapped axis
+    (one call); then come the ALiBi slopes and the sinks when given. Sinks are per head, with
+    no batch dimension: mapped sinks, or any sinks when `map_with_sinks` (the backward's
+    dsinks sums over the batch), run the mapped calls one after another instead."""
 
     def split(extras):
         extras = list(extras)
@@ -175,17 +202,17 @@ def _dense_kernel(opts: _Options, with_lse: bool, has_alibi: bool, has_sinks: bo
         return alibi, sinks
 
     @jax.custom_batching.custom_vmap
-    def kernel(q, k, v, *extras):
-        return _call_dense(opts, with_lse, q, k, v, *split(extras))
+    def kernel(*args):
+        return call(*args[:tensors], *split(args[tensors:]))
 
     @kernel.def_vmap
-    def rule(axis_size, in_batched, q, k, v, *extras):
-        q_b, k_b, v_b, *extras_b = in_batched
-        alibi, sinks = split(extras)
-        alibi_b, sinks_b = split(extras_b)
-        if sinks_b:  # sinks are per head: no batch dimension to fold into
-            return _map_slices(kernel, axis_size, in_batched, (q, k, v, *extras))
-        batch = q.shape[1] if q_b else q.shape[0]
+    def rule(axis_size, in_batched, *args):
+        arrays, arrays_b = args[:tensors], in_batched[:tensors]
+        alibi, sinks = split(args[tensors:])
+        alibi_b, sinks_b = split(in_batched[tensors:])
+        if sinks_b or (has_sinks and map_with_sinks):
+            return _map_slices(kernel, axis_size, in_batched, args)
+        batch = arrays[0].shape[1] if arrays_b[0] else arrays[0].shape[0]
         if alibi is not None and (alibi_b or alibi.ndim == 2):
             # (V, H) or (V, B, H) or unbatched (B, H) -> (V*B, H): one row per folded batch.
             per_batch = alibi if alibi_b else jnp.broadcast_to(alibi, (axis_size,) + alibi.shape)
@@ -194,18 +221,37 @@ def _dense_kernel(opts: _Options, with_lse: bool, has_alibi: bool, has_sinks: bo
                                              + per_batch.shape[1:])
             alibi = per_batch.reshape((-1,) + per_batch.shape[2:])
         # Through `kernel` again, so that an enclosing vmap folds its own axis in turn.
-        out = kernel(_fold(q, axis_size, q_b), _fold(k, axis_size, k_b),
-                     _fold(v, axis_size, v_b), *[x for x in (alibi, sinks) if x is not None])
-        if with_lse:
-            return tuple(_unfold(x, axis_size) for x in out), (True, True)
-        return _unfold(out, axis_size), True
+        out = kernel(*[_fold(x, axis_size, b) for x, b in zip(arrays, arrays_b)],
+                     *[x for x in (alibi, sinks) if x is not None])
+        out = jax.tree.map(lambda x: _unfold(x, axis_size), out)
+        return out, jax.tree.map(lambda _: True, out)
 
     return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _dense_kernel(opts: _Options, with_lse: bool, has_alibi: bool, has_sinks: bool):
+    """The forward custom call as a function of arrays only, with its batching rule."""
+    return _dense_custom_vmap(functools.partial(_call_dense, opts, with_lse), 3, has_alibi,
+                              has_sinks, map_with_sinks=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _dense_backward_kernel(opts: _Options, has_alibi: bool, has_sinks: bool):
+    """The backward custom call as a function of (q, k, v, out, dout, lse, [slopes], [sinks])."""
+    return _dense_custom_vmap(functools.partial(_call_dense_backward, opts), 6, has_alibi,
+                              has_sinks, map_with_sinks=True)
 
 
 def _forward_dense(opts: _Options, with_lse: bool, q, k, v, alibi_slopes, sinks):
     kernel = _dense_kernel(opts, with_lse, alibi_slopes is not None, sinks is not None)
     return kernel(q, k, v, *[x for x in (alibi_slopes, sinks) if x is not None])
+
+
+def _kernel_backward(opts: _Options, q, k, v, alibi_slopes, sinks, out, lse, dout):
+    """flashtile::backward's (dq, dk, dv), and dsinks when sinks are given."""
+    kernel = _dense_backward_kernel(opts, alibi_slopes is not None, sinks is not None)
+    return kernel(q, k, v, out, dout, lse, *[x for x in (alibi_slopes, sinks) if x is not None])
 
 
 def _call_varlen(opts: _Options, with_lse: bool, q, k, v, cu_seqlens_q, cu_seqlens_k,
@@ -223,26 +269,48 @@ def _call_varlen(opts: _Options, with_lse: bool, q, k, v, cu_seqlens_q, cu_seqle
     return tuple(outs) if with_lse else outs[0]
 
 
-@functools.lru_cache(maxsize=None)
-def _varlen_kernel(opts: _Options, with_lse: bool, given: tuple):
-    """The varlen custom call as a function of arrays only; `given` says which of
-    (seqused_k, alibi_slopes, sinks) follow cu_seqlens_k. Under vmap the mapped calls run
-    one after another: a packed batch has no free dimension to fold the mapped axis into."""
+def _call_varlen_backward(opts: _Options, q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k,
+                          seqused_k, alibi_slopes, sinks):
+    """(dq, dk, dv[, dsinks]) of a packed batch: flashtile::backward_varlen as one call."""
+    extras = [x for x in (seqused_k, alibi_slopes, sinks) if x is not None]
+    call = jax.ffi.ffi_call("flashtile_attention_varlen_backward",
+                            _gradient_results(q, k, v, sinks))
+    return tuple(call(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, *extras,
+                      **_ffi_attrs(opts, alibi_slopes is not None, sinks is not None,
+                                   seqused_k is not None)))
+
+
+def _varlen_custom_vmap(call, fixed: int, given: tuple):
+    """call(*arrays) with a batching rule that runs the mapped calls one after another: a
+    packed batch has no free dimension to fold the mapped axis into. `fixed` arguments come
+    first; `given` says which of (seqused_k, alibi_slopes, sinks) follow them (the others are
+    None for `call`)."""
 
     def unpack(extras):
         extras = list(extras)
         return [extras.pop(0) if present else None for present in given]
 
     @jax.custom_batching.custom_vmap
-    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, *extras):
-        return _call_varlen(opts, with_lse, q, k, v, cu_seqlens_q, cu_seqlens_k,
-                            *unpack(extras))
+    def kernel(*args):
+        return call(*args[:fixed], *unpack(args[fixed:]))
 
     @kernel.def_vmap
     def rule(axis_size, in_batched, *args):
         return _map_slices(kernel, axis_size, in_batched, args)
 
     return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _varlen_kernel(opts: _Options, with_lse: bool, given: tuple):
+    """The varlen forward custom call as a function of arrays only, with its batching rule."""
+    return _varlen_custom_vmap(functools.partial(_call_varlen, opts, with_lse), 5, given)
+
+
+@functools.lru_cache(maxsize=None)
+def _varlen_backward_kernel(opts: _Options, given: tuple):
+    """The varlen backward custom call, as _varlen_kernel."""
+    return _varlen_custom_vmap(functools.partial(_call_varlen_backward, opts), 8, given)
 
 
 def _forward_varlen(opts: _Options, with_lse: bool, q, k, v, cu_seqlens_q, cu_seqlens_k,
@@ -252,7 +320,16 @@ def _forward_varlen(opts: _Options, with_lse: bool, q, k, v, cu_seqlens_q, cu_se
     return kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, *[x for x in optional if x is not None])
 
 
-# --- the interim reference backward -------------------------------------------------------------
+def _kernel_backward_varlen(opts: _Options, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                            alibi_slopes, sinks, out, lse, dout):
+    """flashtile::backward_varlen's (dq, dk, dv), and dsinks when sinks are given."""
+    optional = (seqused_k, alibi_slopes, sinks)
+    kernel = _varlen_backward_kernel(opts, tuple(x is not None for x in optional))
+    return kernel(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k,
+                  *[x for x in optional if x is not None])
+
+
+# --- the reference backward --------------------------------------------------------------------
 
 def _visible(rel, left: int, right: int):
     """Key j is visible to query i when rel = j - (i + seqlen_k - seqlen_q) lies in
@@ -320,9 +397,9 @@ def _window(opts: _Options) -> tuple:
 
 
 def _reference_backward(opts: _Options, q, k, v, alibi_slopes, sinks, out, lse, dout, dlse):
-    """The interim backward of attention (plain jnp, O(Sq*Sk) per head): dq, dk, dv (dtypes of
-    q, k, v), dalibi_slopes and dsinks (None when not given). flashtile's backward kernels
-    replace this function."""
+    """The reference backward of attention (plain jnp, O(Sq*Sk) per head): dq, dk, dv (dtypes
+    of q, k, v), dalibi_slopes and dsinks (None when not given). It runs where the kernels
+    cannot ("which backward runs" below)."""
     _, seqlen_q, heads_q, _ = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
@@ -382,7 +459,7 @@ def _reference_backward_varlen(opts: _Options, q, k, v, cu_seqlens_q, cu_seqlens
                                alibi_slopes, sinks, out, lse, dout, dlse):
     """The interim backward of attention_varlen: the packed batch as one block-diagonal
     problem (plain jnp, O(total_q * total_k) per head). Returns dq, dk, dv, dalibi_slopes,
-    dsinks; flashtile's varlen backward kernel replaces this function."""
+    dsinks; it runs where the kernels cannot."""
     total_q, heads_q, _ = q.shape
     total_k, heads_kv = k.shape[0], k.shape[1]
     group = heads_q // heads_kv
@@ -413,7 +490,137 @@ def _reference_backward_varlen(opts: _Options, q, k, v, cu_seqlens_q, cu_seqlens
             back(_sum_kv_groups(dV, heads_kv), v), dslopes, dsinks)
 
 
+# --- which backward runs ------------------------------------------------------------------------
+#
+# Decided when the vjp is traced, per platform (jax.lax.platform_dependent picks the branch of
+# the platform the program is lowered for): flashtile's kernels (flashtile::backward) when
+# the library says a backend serves the call, else the jnp reference with the reason logged.
+# Asking the library, rather than naming the platforms that have kernels here, means a new
+# backward backend (CUDA's) is used as soon as the library has it, with no change here.
+
+_log = logging.getLogger("flashtile.jax")
+
+
+@functools.lru_cache(maxsize=None)
+def _jax_platforms() -> tuple:
+    """The platforms flashtile serves on which this process's JAX has devices."""
+    found = []
+    for platform in ("cpu", "cuda"):
+        try:
+            jax.devices(platform)
+            found.append(platform)
+        except RuntimeError:
+            pass
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=None)
+def _log_reference(reason: str) -> None:
+    """Says once per reason that a gradient runs the reference instead of the kernels."""
+    _log.warning("flashtile.jax: this gradient runs the jnp reference backward "
+                 "(O(seqlen_q * seqlen_k) memory per head) instead of flashtile's backward "
+                 "kernels: %s", reason)
+
+
+def _reference_reason(slopes_perturbed: bool) -> str:
+    """Why the kernels cannot give this gradient whatever the platform ("" when they can)."""
+    if slopes_perturbed:
+        return "the ALiBi slopes are differentiated, and the kernels give them no gradient"
+    return ""
+
+
+@functools.lru_cache(maxsize=None)
+def _backward_backend(platform: str, opts: _Options, dtype: str, q_shape: tuple,
+                      k_shape: tuple, alibi_shape: tuple, has_sinks: bool) -> Optional[str]:
+    """The backend flashtile::backward gets on `platform`: the forward's when it has a backward
+    pass, else "auto"; None when the library says no backend serves the call (the reason is
+    logged). A varlen call is asked as the dense call (1, total, heads, head_dim) of the same
+    variant: cu_seqlens have no values at trace time."""
+    refusals = []
+    for backend in dict.fromkeys((opts.backend, "auto")):
+        kind, why = _ffi.backward_refusal(platform, dtype, q_shape, k_shape, list(alibi_shape),
+                                          has_sinks, opts.causal, opts.scale, opts.window[0],
+                                          opts.window[1], opts.softcap, backend,
+                                          opts.deterministic)
+        if kind != "unsupported":  # served; or a wrong call, whose run raises the message
+            return backend
+        refusals.append(why)
+    _log_reference(f"on {platform}, " + "; ".join(refusals))
+    return None
+
+
+def _choose_backward(opts: _Options, q, k, alibi_slopes, sinks, kernels, reference, why: str,
+                     widened: bool):
+    """kernels(backend) or reference(), both () -> the same gradients, as decided above.
+    widened: the kernels run one head dim wider (_with_lse_cotangent)."""
+    if why:
+        _log_reference(why)
+        return reference()
+
+    def shape(x):  # a packed tensor: batch 1
+        dims = x.shape if x.ndim == 4 else (1,) + x.shape
+        return dims[:-1] + (dims[-1] + 1,) if widened else dims
+
+    alibi_shape = () if alibi_slopes is None else (
+        alibi_slopes.shape if q.ndim == 4 or alibi_slopes.ndim == 1 else (1, q.shape[1]))
+    key = (opts, jnp.dtype(q.dtype).name, shape(q), shape(k), alibi_shape, sinks is not None)
+
+    def branch(platform):
+        backend = _backward_backend(platform, *key)
+        return reference if backend is None else functools.partial(kernels, backend)
+
+    return jax.lax.platform_dependent(
+        default=reference, **{p: branch(p) for p in _jax_platforms()})
+
+
+def _with_lse_cotangent(opts: _Options, run, q, k, v, out, dout, lse, dlse, sinks,
+                        head_axis: int):
+    """The kernels' gradients with a cotangent g of the lse too. ∂lse_i/∂s_ij = P_ij adds
+    P_ij·g_i to dS_ij = P_ij·(dP_ij − D_i); the kernels form dP_ij = dO_i·v_j and
+    D_i = dO_i·out_i, so one more head dim carries it: q, k and out get a 0 there, v a 1 and
+    dO the row's g, which makes dP_ij + g_i and leaves S and D as they were (the scale stays
+    the unwidened head dim's). dsinks = Σ P_sink·(g − D): the kernels give −Σ P_sink·D, the
+    Σ P_sink·g is added here. run(opts, q, k, v, out, dout) -> the kernels' gradients; lse and
+    dlse have the heads at head_axis, the rows after it ((B, H, S) or (H, T))."""
+    widen = lambda x, fill: jnp.concatenate([x, jnp.full(x.shape[:-1] + (1,), fill, x.dtype)],
+                                            axis=-1)
+    g = jnp.swapaxes(dlse, head_axis, head_axis + 1)[..., None].astype(dout.dtype)  # like dO
+    scale = opts.scale if opts.scale is not None else q.shape[-1] ** -0.5
+    dq, dk, dv, *dsinks = run(opts._replace(scale=scale), widen(q, 0), widen(k, 0), widen(v, 1),
+                              widen(out, 0), jnp.concatenate([dout, g], axis=-1))
+    grads = [dq[..., :-1], dk[..., :-1], dv[..., :-1]]
+    if dsinks:
+        per_head = [-1 if axis == head_axis else 1 for axis in range(lse.ndim)]
+        p_sink = jnp.exp(sinks.reshape(per_head) - lse)
+        rows = tuple(axis for axis in range(lse.ndim) if axis != head_axis)
+        grads.append(dsinks[0] + jnp.sum(p_sink * dlse, axis=rows))
+    return grads
+
+
+def _values(*primals) -> tuple:
+    """The arrays of the fwd rule's CustomVJPPrimal arguments (None stays None)."""
+    return tuple(None if x is None else x.value for x in primals)
+
+
+def _perturbed(primal) -> bool:
+    """Whether jax differentiates this fwd rule argument (None never)."""
+    return primal is not None and primal.perturbed
+
+
+def _cotangents(opts: _Options, cotangent, out):
+    """(dout, dlse or None) from the custom_vjp's symbolic-zero cotangents."""
+    dout, dlse = cotangent if opts.return_lse else (cotangent, None)
+    if isinstance(dout, SymbolicZero):
+        dout = jnp.zeros(out.shape, out.dtype)
+    return dout, None if dlse is None or isinstance(dlse, SymbolicZero) else dlse
+
+
 # --- attention with its vjp ---------------------------------------------------------------------
+#
+# The vjp's gradients: dq, dk, dv, and dsinks with sinks, from the kernels wherever the
+# library serves the backward, else from the reference. The ALiBi slopes: when they are
+# differentiated (jax marks them perturbed), the reference runs and gives their exact gradient;
+# otherwise their cotangent is None (zero), which nothing reads.
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attention(opts: _Options, q, k, v, alibi_slopes, sinks):
@@ -421,23 +628,41 @@ def _attention(opts: _Options, q, k, v, alibi_slopes, sinks):
 
 
 def _attention_fwd(opts: _Options, q, k, v, alibi_slopes, sinks):
+    slopes_perturbed = _perturbed(alibi_slopes)
+    q, k, v, alibi_slopes, sinks = _values(q, k, v, alibi_slopes, sinks)
     out, lse = _forward_dense(opts, True, q, k, v, alibi_slopes, sinks)
     primal = (out, lse) if opts.return_lse else out
-    return primal, (q, k, v, alibi_slopes, sinks, out, lse)
+    return primal, (q, k, v, alibi_slopes, sinks, out, lse, slopes_perturbed)
 
 
 def _attention_bwd(opts: _Options, residuals, cotangent):
-    q, k, v, alibi_slopes, sinks, out, lse = residuals
-    dout, dlse = cotangent if opts.return_lse else (cotangent, jnp.zeros_like(lse))
-    return _reference_backward(opts, q, k, v, alibi_slopes, sinks, out, lse, dout, dlse)
+    q, k, v, alibi_slopes, sinks, out, lse, slopes_perturbed = residuals
+    dout, dlse = _cotangents(opts, cotangent, out)
+
+    def reference():
+        grads = _reference_backward(opts, q, k, v, alibi_slopes, sinks, out, lse, dout,
+                                    jnp.zeros_like(lse) if dlse is None else dlse)
+        return grads if slopes_perturbed else (*grads[:3], None, grads[4])
+
+    def kernels(backend):
+        def run(opts, q, k, v, out, dout):
+            return _kernel_backward(opts._replace(backend=backend), q, k, v, alibi_slopes, sinks,
+                                    out, lse, dout)
+        dq, dk, dv, *dsinks = (run(opts, q, k, v, out, dout) if dlse is None else
+                               _with_lse_cotangent(opts, run, q, k, v, out, dout, lse, dlse,
+                                                   sinks, head_axis=1))
+        return dq, dk, dv, None, dsinks[0] if dsinks else None
+
+    return _choose_backward(opts, q, k, alibi_slopes, sinks, kernels, reference,
+                            _reference_reason(slopes_perturbed), widened=dlse is not None)
 
 
-_attention.defvjp(_attention_fwd, _attention_bwd)
+_attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=(-1, -1),
               softcap: float = 0.0, alibi_slopes=None, sinks=None, return_lse: bool = False,
-              backend: str = "auto"):
+              deterministic: bool = False, backend: str = "auto"):
     """Exact attention softmax(q·kᵀ·scale)·v as an XLA custom call (jit, vmap, grad).
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim),
@@ -448,13 +673,15 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
     (alibi_slopes float32 (heads_q) or (batch, heads_q); sinks float32 (heads_q)). The
     scalar options are static: under jax.jit pass them through static_argnames or a closure.
     return_lse: also return the log-sum-exp, float32 (batch, heads_q, seqlen_q).
-    backend: "auto" or a name from flashtile.backends() of q's device.
+    deterministic: the backward kernels' bitwise-reproducible mode (Options::deterministic).
+    backend: "auto" or a name from flashtile.backends() of q's device; the backward runs it
+    when it has a backward pass, else the library's choice.
 
     Returns out (like q), or (out, lse). Differentiable in q, k, v, alibi_slopes and sinks
-    (and through lse); see the module docstring for the interim backward.
+    (and through lse); the module docstring says which gradients the kernels give.
     """
     api = "flashtile.jax.attention"
-    opts = _options(api, causal, scale, window, softcap, backend, return_lse)
+    opts = _options(api, causal, scale, window, softcap, backend, return_lse, deterministic)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     _check_tensors(api, 4, "4-D (batch, seqlen, heads, head_dim)", q=q, k=k, v=v)
     alibi_slopes = None if alibi_slopes is None else jnp.asarray(alibi_slopes)
@@ -472,30 +699,47 @@ def _attention_varlen(opts: _Options, q, k, v, cu_seqlens_q, cu_seqlens_k, sequs
 
 def _attention_varlen_fwd(opts: _Options, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                           alibi_slopes, sinks):
-    out, lse = _forward_varlen(opts, True, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                               alibi_slopes, sinks)
+    slopes_perturbed = _perturbed(alibi_slopes)
+    args = _values(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sinks)
+    out, lse = _forward_varlen(opts, True, *args)
     primal = (out, lse) if opts.return_lse else out
-    return primal, (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sinks, out,
-                    lse)
+    return primal, (*args, out, lse, slopes_perturbed)
 
 
 def _attention_varlen_bwd(opts: _Options, residuals, cotangent):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sinks, out, lse = residuals
-    dout, dlse = cotangent if opts.return_lse else (cotangent, jnp.zeros_like(lse))
-    dq, dk, dv, dslopes, dsinks = _reference_backward_varlen(
-        opts, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sinks, out, lse,
-        dout, dlse)
+    *args, out, lse, slopes_perturbed = residuals
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, sinks = args
+    dout, dlse = _cotangents(opts, cotangent, out)
+
+    def reference():
+        dq, dk, dv, dslopes, dsinks = _reference_backward_varlen(
+            opts, *args, out, lse, dout, jnp.zeros_like(lse) if dlse is None else dlse)
+        return dq, dk, dv, dslopes if slopes_perturbed else None, dsinks
+
+    def kernels(backend):
+        def run(opts, q, k, v, out, dout):
+            return _kernel_backward_varlen(opts._replace(backend=backend), q, k, v, cu_seqlens_q,
+                                           cu_seqlens_k, seqused_k, alibi_slopes, sinks, out,
+                                           lse, dout)
+        dq, dk, dv, *dsinks = (run(opts, q, k, v, out, dout) if dlse is None else
+                               _with_lse_cotangent(opts, run, q, k, v, out, dout, lse, dlse,
+                                                   sinks, head_axis=0))
+        return dq, dk, dv, None, dsinks[0] if dsinks else None
+
+    dq, dk, dv, dslopes, dsinks = _choose_backward(
+        opts, q, k, alibi_slopes, sinks, kernels, reference, _reference_reason(slopes_perturbed),
+        widened=dlse is not None)
     return dq, dk, dv, None, None, None, dslopes, dsinks  # no gradient for the int32 arrays
 
 
-_attention_varlen.defvjp(_attention_varlen_fwd, _attention_varlen_bwd)
+_attention_varlen.defvjp(_attention_varlen_fwd, _attention_varlen_bwd, symbolic_zeros=True)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | None = None,
                      max_seqlen_k: int | None = None, *, seqused_k=None, causal: bool = False,
                      scale: float | None = None, window=(-1, -1), softcap: float = 0.0,
                      alibi_slopes=None, sinks=None, return_lse: bool = False,
-                     backend: str = "auto"):
+                     deterministic: bool = False, backend: str = "auto"):
     """Exact attention over a packed batch of variable-length sequences, as a custom call.
 
     flash_attn_varlen_func's layout and flashtile.attention_varlen's arguments: q (total_q,
@@ -505,12 +749,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | No
     when the call runs (on CUDA: a copy ordered on XLA's stream, which waits for it).
     max_seqlen_q / max_seqlen_k: optional static bounds, checked when given.
     return_lse: also return the log-sum-exp, float32 (heads_q, total_q).
+    deterministic, backend: as attention.
 
     Returns out, or (out, lse); differentiable in q, k, v, alibi_slopes and sinks.
     """
     api = "flashtile.jax.attention_varlen"
-    opts = _options(api, causal, scale, window, softcap, backend, return_lse, max_seqlen_q,
-                    max_seqlen_k)
+    opts = _options(api, causal, scale, window, softcap, backend, return_lse, deterministic,
+                    max_seqlen_q, max_seqlen_k)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     _check_tensors(api, 3, "3-D (total_tokens, heads, head_dim)", q=q, k=k, v=v)
     as_array = lambda x: None if x is None else jnp.asarray(x)
