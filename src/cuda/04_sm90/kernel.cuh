@@ -92,8 +92,8 @@ struct Sm90Config {
   static constexpr int kORegs = kHeadDim / 2;           // O accumulator registers per thread
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one K or one V tile
-  // TMA paths: one mbarrier for Q, a "full" one per stage and an "empty" one per stage.
-  static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
+  // TMA paths: one mbarrier for Q and four per stage (K landed, V landed, K free, V free).
+  static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);
   // Q, then kStages (K, V) pairs, the barriers, and the slack to align the start.
   static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes + kBarrierBytes + kAtomBytes;
 
@@ -222,11 +222,17 @@ struct SmemMap {
     return k_stage(stage) + Cfg::kTileBytes;
   }
   __device__ __forceinline__ uint32_t q_barrier() const { return k_stage(Cfg::kStages); }
-  __device__ __forceinline__ uint32_t full_barrier(int stage) const {
-    return q_barrier() + 8u * (1 + stage);
-  }
-  __device__ __forceinline__ uint32_t empty_barrier(int stage) const {
-    return q_barrier() + 8u * (1 + Cfg::kStages + stage);
+  // The ring's barriers, one of each per stage. K and V complete and are released apart,
+  // so the producer can refill a stage's K while its V still feeds a P·V (step 4.4); step
+  // 4.2 lands K and V together on k_full.
+  __device__ __forceinline__ uint32_t k_full(int stage) const { return ring_barrier(0, stage); }
+  __device__ __forceinline__ uint32_t v_full(int stage) const { return ring_barrier(1, stage); }
+  __device__ __forceinline__ uint32_t k_empty(int stage) const { return ring_barrier(2, stage); }
+  __device__ __forceinline__ uint32_t v_empty(int stage) const { return ring_barrier(3, stage); }
+
+ private:
+  __device__ __forceinline__ uint32_t ring_barrier(int kind, int stage) const {
+    return q_barrier() + 8u * (1 + kind * Cfg::kStages + stage);
   }
 };
 
@@ -263,6 +269,11 @@ __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* m
     ptx::tma_load_4d(dst + c * rows * kSwizzleBytes, map, barrier, c * kSwizzleCols, row0,
                      static_cast<int>(head), static_cast<int>(b));
 }
+
+// A hook that does nothing (ConsumerWarpgroup::tile's default).
+struct NoHook {
+  __device__ __forceinline__ void operator()() const {}
+};
 
 // One consumer warpgroup: 64 query rows, their O accumulator and softmax state, and the
 // per-tile math (S = Q·Kᵀ, mask, online softmax, O += P·V) every pipeline shares.
@@ -390,17 +401,23 @@ struct ConsumerWarpgroup {
   }
 
   // One K/V tile (key block n_block), both in shared memory, every wgmma waited for at
-  // once: what steps 4.1-4.3 run.
+  // once: what steps 4.1-4.3 run. scores_done() runs once S has landed (K is no longer
+  // read), values_needed() before P·V is issued (step 4.3 waits for V there).
+  template <class ScoresDone = NoHook, class ValuesNeeded = NoHook>
   __device__ __forceinline__ void tile(uint32_t smem_q, uint32_t k_tile, uint32_t v_tile,
-                                       const CtaWork& work, int n_block) {
+                                       const CtaWork& work, int n_block,
+                                       ScoresDone&& scores_done = {},
+                                       ValuesNeeded&& values_needed = {}) {
     issue_scores(smem_q, k_tile);
     ptx::wgmma_wait<0>();
     fence_registers(s);
+    scores_done();
     float alpha[2];
     softmax(work, n_block, alpha);
     rescale_o(alpha);
     uint32_t p_frag[Cfg::kPVSteps][4];
     pack_p(p_frag);
+    values_needed();
     issue_pv(p_frag, v_tile);
     ptx::wgmma_wait<0>();
     fence_registers(o);
@@ -473,7 +490,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   if constexpr (kTma) {
     if (tma_issuer) {
       ptx::mbarrier_init(smem.q_barrier(), 1);
-      for (int stage = 0; stage < kStages; ++stage) ptx::mbarrier_init(smem.full_barrier(stage), 1);
+      for (int stage = 0; stage < kStages; ++stage) ptx::mbarrier_init(smem.k_full(stage), 1);
       ptx::mbarrier_init_fence();
       ptx::mbarrier_arrive_expect_tx(smem.q_barrier(), Cfg::kQBytes);
       tma_load_tile<Cfg>(smem.q, &maps.q, smem.q_barrier(), kBlockM,
@@ -492,10 +509,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const int stage = tile % kStages;
     if constexpr (kTma) {
       if (tma_issuer && tile < n_tiles) {
-        ptx::mbarrier_arrive_expect_tx(smem.full_barrier(stage), 2 * Cfg::kTileBytes);
-        tma_load_tile<Cfg>(smem.k_stage(stage), &maps.k, smem.full_barrier(stage), kBlockN,
+        ptx::mbarrier_arrive_expect_tx(smem.k_full(stage), 2 * Cfg::kTileBytes);
+        tma_load_tile<Cfg>(smem.k_stage(stage), &maps.k, smem.k_full(stage), kBlockN,
                            work.seq.k_start + n0, work.hk, work.b);
-        tma_load_tile<Cfg>(smem.v_stage(stage), &maps.v, smem.full_barrier(stage), kBlockN,
+        tma_load_tile<Cfg>(smem.v_stage(stage), &maps.v, smem.k_full(stage), kBlockN,
                            work.seq.k_start + n0, work.hk, work.b);
       }
     } else {
@@ -527,7 +544,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       __syncthreads();  // every warpgroup is done with the oldest stage
       issue_tile(tile + kStages - 1);
       // This tile's K and V have landed: phase tile / kStages of its stage's barrier.
-      ptx::mbarrier_wait(smem.full_barrier(tile % kStages), (tile / kStages) % 2);
+      ptx::mbarrier_wait(smem.k_full(tile % kStages), (tile / kStages) % 2);
     } else {
       ptx::cp_async_wait<kStages - 2>();  // this tile's K and V have landed (this thread's)
       ptx::fence_proxy_async_shared();    // ... visible to wgmma
@@ -575,8 +592,10 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(smem.q_barrier(), 1);
     for (int stage = 0; stage < kStages; ++stage) {
-      ptx::mbarrier_init(smem.full_barrier(stage), 1);
-      ptx::mbarrier_init(smem.empty_barrier(stage), kConsumerWarps);
+      ptx::mbarrier_init(smem.k_full(stage), 1);
+      ptx::mbarrier_init(smem.v_full(stage), 1);
+      ptx::mbarrier_init(smem.k_empty(stage), kConsumerWarps);
+      ptx::mbarrier_init(smem.v_empty(stage), kConsumerWarps);
     }
     ptx::mbarrier_init_fence();
   }
@@ -590,13 +609,18 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
                          work.seq.q_start + work.row_start, work.h, work.b);
       for (int tile = 0; tile < n_tiles; ++tile) {
         const int stage = tile % kStages;
-        // The stage's previous tile (tile - kStages) is released: its phase tile/kStages - 1.
-        if (tile >= kStages) ptx::mbarrier_wait(smem.empty_barrier(stage), (tile / kStages + 1) % 2);
         const int n0 = work.key_block(tile) * kBlockN;
-        ptx::mbarrier_arrive_expect_tx(smem.full_barrier(stage), 2 * Cfg::kTileBytes);
-        tma_load_tile<Cfg>(smem.k_stage(stage), &maps.k, smem.full_barrier(stage), kBlockN,
+        // The stage's previous K and V (tile - kStages) are released: phase tile/kStages - 1
+        // of their empty barriers. K is waited for alone, so it lands while V still feeds
+        // the previous tile's P·V.
+        const uint32_t released = (tile / kStages + 1) % 2;
+        if (tile >= kStages) ptx::mbarrier_wait(smem.k_empty(stage), released);
+        ptx::mbarrier_arrive_expect_tx(smem.k_full(stage), Cfg::kTileBytes);
+        tma_load_tile<Cfg>(smem.k_stage(stage), &maps.k, smem.k_full(stage), kBlockN,
                            work.seq.k_start + n0, work.hk, work.b);
-        tma_load_tile<Cfg>(smem.v_stage(stage), &maps.v, smem.full_barrier(stage), kBlockN,
+        if (tile >= kStages) ptx::mbarrier_wait(smem.v_empty(stage), released);
+        ptx::mbarrier_arrive_expect_tx(smem.v_full(stage), Cfg::kTileBytes);
+        tma_load_tile<Cfg>(smem.v_stage(stage), &maps.v, smem.v_full(stage), kBlockN,
                            work.seq.k_start + n0, work.hk, work.b);
       }
     }
@@ -608,18 +632,22 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
   ConsumerWarpgroup<T, Cfg> wg(consumer, p.scale);
   ptx::mbarrier_wait(smem.q_barrier(), 0);
   if (p.scale < 0.0f) wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
-  auto wait_full = [&](int tile) {
-    ptx::mbarrier_wait(smem.full_barrier(tile % kStages), (tile / kStages) % 2);
+  const auto phase = [](int tile) { return uint32_t(tile / kStages) % 2; };
+  auto wait_k = [&](int tile) { ptx::mbarrier_wait(smem.k_full(tile % kStages), phase(tile)); };
+  auto wait_v = [&](int tile) { ptx::mbarrier_wait(smem.v_full(tile % kStages), phase(tile)); };
+  // One arrival per consumer warp, once its wgmma have finished reading the tile.
+  auto release_k = [&](int tile) {
+    if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.k_empty(tile % kStages));
   };
-  auto release = [&](int tile) {
-    if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.empty_barrier(tile % kStages));
+  auto release_v = [&](int tile) {
+    if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.v_empty(tile % kStages));
   };
   if constexpr (!kOverlap) {
     for (int tile = 0; tile < n_tiles; ++tile) {
-      wait_full(tile);
+      wait_k(tile);
       wg.tile(smem.q, smem.k_stage(tile % kStages), smem.v_stage(tile % kStages), work,
-              work.key_block(tile));
-      release(tile);
+              work.key_block(tile), [&] { release_k(tile); }, [&] { wait_v(tile); });
+      release_v(tile);
     }
   } else if (n_tiles > 0) {
     static_assert(!kPingPong || Cfg::kWarpgroups == 2, "ping-pong alternates two consumers");
@@ -639,38 +667,48 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     if constexpr (kPingPong)
       if (consumer == 1) ptx::named_barrier_arrive(turn_barrier_id(0), kBothConsumers);
     uint32_t p_frag[Cfg::kPVSteps][4];  // P of the previous tile, the A operand of its P·V
+    // The previous softmax's rescale factors: O is rescaled just before the P·V that adds
+    // that tile, under the S GEMM in flight, so that after the last wait only the packing
+    // of P remains (on the first tile O is 0 and alpha 0 or 1).
     float alpha[2];
-    wait_full(0);
+    wait_k(0);
     take_turn();
     wg.issue_scores(smem.q, smem.k_stage(0));
     hand_over(false);
     ptx::wgmma_wait<0>();
     fence_registers(wg.s);
-    wg.softmax(work, work.key_block(0), alpha);  // O is still 0: no rescale
+    release_k(0);
+    wg.softmax(work, work.key_block(0), alpha);
     wg.pack_p(p_frag);
+    if (n_tiles > 1) wait_k(1);
     for (int tile = 1; tile < n_tiles; ++tile) {
-      wait_full(tile);
       take_turn();
       wg.issue_scores(smem.q, smem.k_stage(tile % kStages));
+      wg.rescale_o(alpha);
+      wait_v(tile - 1);
       wg.issue_pv(p_frag, smem.v_stage((tile - 1) % kStages));
       hand_over(false);
       ptx::wgmma_wait<1>();  // S of this tile (the older group) has landed
       fence_registers(wg.s);
-      // The PTX has every exp2 of this softmax before the wait below; ptxas 13.0 schedules
-      // half of them after it (cuobjdump), so only half the softmax overlaps the P·V.
+      release_k(tile);
       wg.softmax(work, work.key_block(tile), alpha);
+      // The next K is waited for here rather than at the top of the loop: its wait loop
+      // keeps ptxas from scheduling the second row half's exp2 after the wait below, out
+      // from under the P·V (it does without it, cuobjdump; a bar.sync does not stop it).
+      if (tile + 1 < n_tiles) wait_k(tile + 1);
       ptx::wgmma_wait<0>();  // ... and O += P·V of the previous tile
       fence_registers(wg.o);
-      release(tile - 1);
-      wg.rescale_o(alpha);
+      release_v(tile - 1);
       wg.pack_p(p_frag);
     }
     take_turn();
+    wg.rescale_o(alpha);
+    wait_v(n_tiles - 1);
     wg.issue_pv(p_frag, smem.v_stage((n_tiles - 1) % kStages));
     hand_over(true);
     ptx::wgmma_wait<0>();
     fence_registers(wg.o);
-    release(n_tiles - 1);
+    release_v(n_tiles - 1);
   }
   wg.epilogue(p, work, smem.base, consumer_barrier_id(consumer));
 }
