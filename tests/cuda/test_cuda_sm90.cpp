@@ -89,7 +89,7 @@ constexpr int kRows = 64, kKeys = 128;  // the probes' M and key count (sm90.hpp
 TEST(Sm90Pieces, QKProductMatchesHost) {
   SKIP_WITHOUT_SM90_DEVICE();
   for (bool bf16 : {true, false})
-    for (int d : {64, 128}) {
+    for (int d : {64, 128, 256}) {
       const std::vector<float> a = quarter_matrix(kRows, d, 1 + d), b = quarter_matrix(kKeys, d, 2 + d);
       std::vector<double> want(size_t(kRows) * kKeys, 0.0);
       for (int i = 0; i < kRows; ++i)
@@ -103,7 +103,7 @@ TEST(Sm90Pieces, QKProductMatchesHost) {
 TEST(Sm90Pieces, PVProductMatchesHost) {
   SKIP_WITHOUT_SM90_DEVICE();
   for (bool bf16 : {true, false})
-    for (int d : {64, 128}) {
+    for (int d : {64, 128, 256}) {
       const std::vector<float> p = quarter_matrix(kRows, kKeys, 3 + d), v = quarter_matrix(kKeys, d, 4 + d);
       std::vector<double> want(size_t(kRows) * d, 0.0);
       for (int i = 0; i < kRows; ++i)
@@ -135,11 +135,11 @@ constexpr const char* kPipelines[] = {"tma_ping_pong", "tma_ws_overlap", "tma_ws
 class CudaSm90Grid : public ::testing::TestWithParam<DType> {};
 
 // Seqlens 1, 17, 113, 127, 128, 129, 1023, 1025 with seqlen_q != seqlen_k both ways, causal
-// or not, MHA/GQA/MQA, strided views, at both head dims: on the pipeline dense calls take,
+// or not, MHA/GQA/MQA, strided views, at every head dim served: on the pipeline dense calls take,
 // then on each pipeline pinned.
 TEST_P(CudaSm90Grid, MatchesOracle) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (const Shape& s : testing::backend_grid({64, 128}, GetParam(), !small_grid()))
+  for (const Shape& s : testing::backend_grid({64, 128, 256}, GetParam(), !small_grid()))
     expect_matches_oracle(s);
 }
 
@@ -148,7 +148,7 @@ TEST_P(CudaSm90Grid, EveryPipelineMatchesOracle) {
   for (const char* pipeline : kPipelines) {
     SCOPED_TRACE(pipeline);
     const ScopedPipeline pinned(pipeline);
-    for (const Shape& s : testing::backend_grid({64, 128}, GetParam(), !small_grid()))
+    for (const Shape& s : testing::backend_grid({64, 128, 256}, GetParam(), !small_grid()))
       expect_matches_oracle(s);
   }
 }
@@ -180,7 +180,8 @@ TEST_P(CudaSm90Grid, MasksAndSinksMatchOracle) {
   int rotate = 0;
   for (const Feature& f : features)
     for (const Lengths& len : lengths) {
-      Shape s = shape_of(GetParam(), 2, len.q, len.k, 4, 2, rotate % 2 ? 128 : 64);
+      constexpr int64_t kHeadDims[] = {64, 128, 256};
+      Shape s = shape_of(GetParam(), 2, len.q, len.k, 4, 2, kHeadDims[rotate % 3]);
       s.strided = rotate % 3 == 1;
       if (rotate % 5 == 2) s.heads_kv = 1;  // MQA
       ++rotate;
@@ -203,7 +204,7 @@ TEST_P(CudaSm90Grid, VarlenMatchesOracle) {
   const Variant variants[] = {{false, {}, false}, {true, {}, false}, {false, {20, 3}, true}};
   for (const testing::VarlenBatch& batch : testing::varlen_batches())
     for (const Variant& v : variants)
-      for (int64_t d : {64, 128}) {
+      for (int64_t d : {64, 128, 256}) {
         Shape s = shape_of(GetParam(), 1, 0, 0, 4, 2, d);
         s.varlen_q = batch.q, s.varlen_k = batch.k, s.seqused_k = batch.used;
         s.causal = v.causal, s.window = v.window, s.sinks = v.sinks;
@@ -236,7 +237,7 @@ TEST(CudaSm90, LongerSequences) {
   for (const char* pipeline : kPipelines) {
     SCOPED_TRACE(pipeline);
     const ScopedPipeline pinned(pipeline);
-    for (int64_t d : {64, 128})
+    for (int64_t d : {64, 128, 256})
       for (int mask = 0; mask < 3; ++mask) {
         Shape s = shape_of(DType::bf16, 1, 2000, 2100, 2, 2, d);
         s.causal = mask == 1;
@@ -249,26 +250,27 @@ TEST(CudaSm90, LongerSequences) {
 // Bitwise the same over 100 runs, with a window and sinks on, on each pipeline.
 TEST(CudaSm90, DeterministicOver100Runs) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (const char* pipeline : kPipelines) {
-    SCOPED_TRACE(pipeline);
-    const ScopedPipeline pinned(pipeline);
-    Shape s = shape_of(DType::bf16, 2, 257, 300, 4, 2, 128);
-    s.window = {100, 20};
-    s.sinks = true;
-    AttentionCase c(s);
-    DeviceCase d(c);
-    d.run(c, kSm90);
-    expect_oracle(c);
-    const testing::HostBytes first_out = c.out.bytes;
-    const std::vector<float> first_lse = c.lse;
-    for (int run = 1; run < 100; ++run) {
-      d.poison();
+  for (const char* pipeline : kPipelines)
+    for (int64_t head_dim : {128, 256}) {
+      SCOPED_TRACE(std::string(pipeline) + ", d=" + std::to_string(head_dim));
+      const ScopedPipeline pinned(pipeline);
+      Shape s = shape_of(DType::bf16, 2, 257, 300, 4, 2, head_dim);
+      s.window = {100, 20};
+      s.sinks = true;
+      AttentionCase c(s);
+      DeviceCase d(c);
       d.run(c, kSm90);
-      ASSERT_EQ(c.out.bytes, first_out) << "run " << run;
-      ASSERT_EQ(std::memcmp(c.lse.data(), first_lse.data(), c.lse.size() * sizeof(float)), 0)
-          << "lse, run " << run;
+      expect_oracle(c);
+      const testing::HostBytes first_out = c.out.bytes;
+      const std::vector<float> first_lse = c.lse;
+      for (int run = 1; run < 100; ++run) {
+        d.poison();
+        d.run(c, kSm90);
+        ASSERT_EQ(c.out.bytes, first_out) << "run " << run;
+        ASSERT_EQ(std::memcmp(c.lse.data(), first_lse.data(), c.lse.size() * sizeof(float)), 0)
+            << "lse, run " << run;
+      }
     }
-  }
 }
 
 // `auto` does not pick cuda_sm90 yet (not measured faster everywhere it runs): cuda_mma
@@ -302,8 +304,7 @@ TEST(CudaSm90, RefusesWhatItDoesNotServeAndLeavesOutUntouched) {
   };
   const Bad bads[] = {
       {DType::f32, 64, 0, false, false, "float16 and bfloat16; got float32"},
-      {DType::bf16, 96, 0, false, false, "head_dim 64 and 128 (step 4.1); got 96"},
-      {DType::bf16, 256, 0, false, false, "head_dim 64 and 128 (step 4.1); got 256"},
+      {DType::bf16, 96, 0, false, false, "head_dim 64, 128 and 256; got 96"},
       {DType::f16, 64, 10.0f, false, false, "does not yet support softcap or ALiBi"},
       {DType::bf16, 128, 0, true, false, "does not yet support softcap or ALiBi"},
       {DType::bf16, 64, 0, false, true, "q.data is not 16-byte aligned"},

@@ -19,6 +19,10 @@ template <>
 struct Sm90Traits<64> : Sm90Config<64, 128, 2, 2, 1> {};
 template <>
 struct Sm90Traits<128> : Sm90Config<128, 128, 2, 2, 1> {};
+// d=256: 64-key tiles, so S (32 registers) and O (128) fit the consumers' 240 registers;
+// 64 KB of Q + 2·2·32 KB of K/V = 192 KB.
+template <>
+struct Sm90Traits<256> : Sm90Config<256, 64, 2, 2, 1> {};
 
 template <class T, int kHeadDim>
 void run_sm90_forward(const AttentionParams& p, cudaStream_t stream, std::optional<Pipeline> pinned) {
@@ -33,5 +37,6 @@ void run_sm90_forward(const AttentionParams& p, cudaStream_t stream, std::option
                                                 std::optional<Pipeline>);
 FLASHTILE_SM90_INSTANTIATIONS(extern, 64)
 FLASHTILE_SM90_INSTANTIATIONS(extern, 128)
+FLASHTILE_SM90_INSTANTIATIONS(extern, 256)
 
 }  // namespace flashtile::detail::sm90
