@@ -150,27 +150,41 @@ TEST_P(CudaSm90Grid, EveryPipelineMatchesOracle) {
     const ScopedPipeline pinned(pipeline);
     for (const Shape& s : testing::backend_grid({64, 128, 256}, GetParam(), !small_grid()))
       expect_matches_oracle(s);
+    for (int64_t d : {64, 128, 256}) {  // the pipeline's softcap/ALiBi kernel
+      Shape s = shape_of(GetParam(), 2, 129, 300, 4, 2, d);
+      s.causal = true, s.softcap = 20.0f, s.alibi = true;
+      expect_matches_oracle(s);
+    }
   }
 }
 
-// The masks and sinks this step serves, over lengths that put window edges, the diagonal
-// and the end of K inside tiles (sq != sk both ways), GQA/MQA and strides.
-TEST_P(CudaSm90Grid, MasksAndSinksMatchOracle) {
+// Every variant, over lengths that put window edges, the diagonal and the end of K inside
+// tiles (sq != sk both ways), GQA/MQA and strides, at every head dim.
+TEST_P(CudaSm90Grid, VariantsMatchOracle) {
   SKIP_WITHOUT_SM90_DEVICE();
   struct Feature {
     Window window;
-    bool causal = false, sinks = false;
+    bool causal = false;
+    float softcap = 0;
+    bool alibi = false, alibi_per_batch = false, sinks = false;
   };
   const Feature features[] = {
-      {{16, 0}},           // sliding window, causal-like
-      {{0, 0}},            // the diagonal only
-      {{5, 7}},            // both sides bounded
-      {{-1, 3}},           // right side only
-      {{40, -1}},          // left side only (first rows heaviest)
-      {{70, 0}, true},     // causal + left window
-      {{}, false, true},   // sinks
-      {{}, true, true},    // causal + sinks (empty rows when sq > sk)
-      {{33, 9}, false, true},
+      {{16, 0}},                  // sliding window, causal-like
+      {{0, 0}},                   // the diagonal only
+      {{5, 7}},                   // both sides bounded
+      {{-1, 3}},                  // right side only
+      {{40, -1}},                 // left side only (first rows heaviest)
+      {{70, 0}, true},            // causal + left window
+      {{}, false, 0, false, false, true},        // sinks
+      {{}, true, 0, false, false, true},         // causal + sinks (empty rows when sq > sk)
+      {{33, 9}, false, 0, false, false, true},   // window + sinks
+      {{}, false, 5.0f},                         // softcap
+      {{}, true, 30.0f},                         // causal + softcap
+      {{}, false, 0, true},                      // ALiBi (heads)
+      {{}, true, 0, true, true},                 // causal + ALiBi (batch, heads)
+      {{}, false, 20.0f, true},                  // softcap + ALiBi
+      {{33, 9}, false, 0, true, false, true},    // window + ALiBi + sinks
+      {{64, 0}, false, 12.0f, true, true, true}, // everything
   };
   struct Lengths {
     int64_t q, k;
@@ -187,6 +201,9 @@ TEST_P(CudaSm90Grid, MasksAndSinksMatchOracle) {
       ++rotate;
       s.window = f.window;
       s.causal = f.causal;
+      s.softcap = f.softcap;
+      s.alibi = f.alibi;
+      s.alibi_per_batch = f.alibi_per_batch;
       s.sinks = f.sinks;
       expect_matches_oracle(s);
     }
@@ -200,14 +217,20 @@ TEST_P(CudaSm90Grid, VarlenMatchesOracle) {
     bool causal;
     Window window;
     bool sinks;
+    float softcap = 0;
+    bool alibi = false;
   };
-  const Variant variants[] = {{false, {}, false}, {true, {}, false}, {false, {20, 3}, true}};
+  const Variant variants[] = {{false, {}, false},
+                              {true, {}, false},
+                              {false, {20, 3}, true},
+                              {true, {}, false, 10.0f, true}};  // slopes per (sequence, head)
   for (const testing::VarlenBatch& batch : testing::varlen_batches())
     for (const Variant& v : variants)
       for (int64_t d : {64, 128, 256}) {
         Shape s = shape_of(GetParam(), 1, 0, 0, 4, 2, d);
         s.varlen_q = batch.q, s.varlen_k = batch.k, s.seqused_k = batch.used;
         s.causal = v.causal, s.window = v.window, s.sinks = v.sinks;
+        s.softcap = v.softcap, s.alibi = s.alibi_per_batch = v.alibi;
         s.strided = d == 128;
         expect_matches_oracle(s);
       }
@@ -222,11 +245,13 @@ TEST(CudaSm90, ScaleOfAnySign) {
     SCOPED_TRACE(pipeline);
     const ScopedPipeline pinned(pipeline);
     for (float scale : {-0.37f, 0.0f, 1.5f})
-      for (bool causal : {false, true}) {
-        Shape s = shape_of(DType::f16, 1, 100, 150, 2, 1, 64);
-        s.causal = causal;
-        expect_matches_oracle(s, scale);
-      }
+      for (bool causal : {false, true})
+        for (bool transformed : {false, true}) {
+          Shape s = shape_of(DType::f16, 1, 100, 150, 2, 1, 64);
+          s.causal = causal;
+          if (transformed) s.softcap = 4.0f, s.alibi = true;  // the scale inside the transform
+          expect_matches_oracle(s, scale);
+        }
   }
 }
 
@@ -298,21 +323,16 @@ TEST(CudaSm90, RefusesWhatItDoesNotServeAndLeavesOutUntouched) {
   struct Bad {
     DType dtype;
     int64_t head_dim;
-    float softcap;
-    bool alibi, misaligned;
+    bool misaligned;
     const char* message;
   };
   const Bad bads[] = {
-      {DType::f32, 64, 0, false, false, "float16 and bfloat16; got float32"},
-      {DType::bf16, 96, 0, false, false, "head_dim 64, 128 and 256; got 96"},
-      {DType::f16, 64, 10.0f, false, false, "does not yet support softcap or ALiBi"},
-      {DType::bf16, 128, 0, true, false, "does not yet support softcap or ALiBi"},
-      {DType::bf16, 64, 0, false, true, "q.data is not 16-byte aligned"},
+      {DType::f32, 64, false, "float16 and bfloat16; got float32"},
+      {DType::bf16, 96, false, "head_dim 64, 128 and 256; got 96"},
+      {DType::bf16, 64, true, "q.data is not 16-byte aligned"},
   };
   for (const Bad& bad : bads) {
     Shape s = shape_of(bad.dtype, 1, 40, 40, 2, 2, bad.head_dim);
-    s.softcap = bad.softcap;
-    s.alibi = bad.alibi;
     AttentionCase c(s);
     DeviceCase d(c);
     TensorView q = d.q.view;

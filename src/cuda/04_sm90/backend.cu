@@ -65,9 +65,6 @@ std::string sm90_unsupported(const AttentionParams& p) {
     return "cuda_sm90 supports float16 and bfloat16; got " + std::string(dtype_name(p.dtype));
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
     return "cuda_sm90 supports head_dim 64, 128 and 256; got " + std::to_string(p.head_dim);
-  if (p.softcap != 0.0f || p.alibi_slopes != nullptr)
-    return "cuda_sm90 does not yet support softcap or ALiBi (step 4.1); got " +
-           describe_variant(p);
   if (std::string why = alignment_unsupported(p); !why.empty()) return why;
   // Sequence positions are 32-bit inside the kernel (element offsets stay 64-bit).
   constexpr int64_t kMaxSeqlen = INT_MAX - 1024;

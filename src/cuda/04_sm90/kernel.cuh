@@ -277,7 +277,10 @@ struct NoHook {
 
 // One consumer warpgroup: 64 query rows, their O accumulator and softmax state, and the
 // per-tile math (S = Q·Kᵀ, mask, online softmax, O += P·V) every pipeline shares.
-template <class T, class Cfg>
+// kTransformed: softcap and/or ALiBi, through LogitsTransform::apply (the softcap's tanh on
+// the SFU, tanh.approx); without it the logits are scale·q·k and the scale is folded into
+// the exp2.
+template <class T, class Cfg, bool kTransformed>
 struct ConsumerWarpgroup {
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr float kLog2e = 1.4426950408889634f;
@@ -293,17 +296,29 @@ struct ConsumerWarpgroup {
   // partial sum l over its columns (the quad's four partials add up to the row's l).
   SoftmaxState<float> state[2];
   float scale, scale_log2;
+  LogitsTransform<float> logits;  // this (batch, head)'s softcap and ALiBi slope
+  bool softcap_on, alibi_on;      // which of the two kTransformed applies
 
-  __device__ __forceinline__ ConsumerWarpgroup(int consumer_index, float p_scale)
-      : row0(consumer_index * kWarpgroupRows) {
+  __device__ __forceinline__ ConsumerWarpgroup(int consumer_index, const AttentionParams& p,
+                                               const CtaWork& work)
+      : row0(consumer_index * kWarpgroupRows),
+        logits(logits_transform<float>(p, work.b, work.h)),
+        softcap_on(p.softcap != 0.0f),
+        alibi_on(p.alibi_slopes != nullptr) {
 #pragma unroll
     for (int r = 0; r < Cfg::kORegs; ++r) o[r] = 0.0f;
     state[0] = state[1] = {kNegInf, 0.0f};
-    // The softmax folds the scale into its exp2, so the max of the raw scores must be the
-    // max of the logits: a negative scale is moved into Q by flip_q_sign (exact). scale_log2
-    // stays above 0 so that a masked score (-inf) still gives 2^-inf = 0.
-    scale = fabsf(p_scale);
+    // The plain softmax folds the scale into its exp2, so the max of the raw scores must be
+    // the max of the logits: a negative scale is moved into Q by flip_q_sign (exact).
+    // scale_log2 stays above 0 so that a masked score (-inf) still gives 2^-inf = 0.
+    scale = fabsf(p.scale);
     scale_log2 = fmaxf(scale * kLog2e, FLT_MIN);
+  }
+
+  // Whether the caller must flip Q's sign first (plain logits with a negative scale; the
+  // transformed ones apply the scale, of either sign, themselves).
+  __device__ __forceinline__ static bool needs_q_sign_flip(const AttentionParams& p) {
+    return !kTransformed && p.scale < 0.0f;
   }
 
   // Flips the sign bits of this warpgroup's rows of Q (every thread of the warpgroup), then
@@ -337,6 +352,7 @@ struct ConsumerWarpgroup {
   // alpha, for rescale_o (which may wait for a P·V still in flight).
   __device__ __forceinline__ void softmax(const CtaWork& work, int n_block, float (&alpha)[2]) {
     const int n0 = n_block * kBlockN;
+    if constexpr (kTransformed) transform_scores(work, n0);
     // Only the tiles key_blocks() names hold keys some row must not see (the diagonal, the
     // window's edges, the end of K). Register r is row frag.row((r / 2) % 2), key col(r).
     if (work.blocks.needs_mask(n_block)) {
@@ -355,10 +371,13 @@ struct ConsumerWarpgroup {
       // The quad's four lanes hold the row's columns.
       row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
       row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
-      const float block_max = row_max == kNegInf ? kNegInf : row_max * scale;  // natural units
+      // Natural units: the logits' max (plain: scale · the raw scores' max).
+      const float block_max = kTransformed || row_max == kNegInf ? row_max : row_max * scale;
       SoftmaxState<float>& st = state[half];
       alpha[half] = online_softmax_rescale(st, block_max);
-      // P = exp(scale·s - m) = 2^(s·scale·log2e - m·log2e): one FFMA + one MUFU.EX2.
+      // P = exp(scale·s - m) = 2^(s·scale·log2e - m·log2e): one FFMA + one MUFU.EX2 (the
+      // transformed logits are already scaled).
+      const float to_log2 = kTransformed ? kLog2e : scale_log2;
       const float shift = safe_shift(st.m) * kLog2e;
       float row_sum = 0.0f;
 #pragma unroll
@@ -366,10 +385,28 @@ struct ConsumerWarpgroup {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s[4 * c + 2 * half + e];
-          x = ptx::exp2_approx(fmaf(x, scale_log2, -shift));
+          x = ptx::exp2_approx(fmaf(x, to_log2, -shift));
           row_sum += x;
         }
       st.l += row_sum;
+    }
+  }
+
+  // Raw scores -> logits (kTransformed), before the mask: the feature pair is chosen once
+  // per tile (uniform over the CTA) rather than per score.
+  __device__ __forceinline__ void transform_scores(const CtaWork& work, int n0) {
+    if (softcap_on)
+      alibi_on ? apply_logits<true, true>(work, n0) : apply_logits<true, false>(work, n0);
+    else
+      alibi_on ? apply_logits<false, true>(work, n0) : apply_logits<false, false>(work, n0);
+  }
+  template <bool kSoftcap, bool kAlibi>
+  __device__ __forceinline__ void apply_logits(const CtaWork& work, int n0) {
+#pragma unroll
+    for (int r = 0; r < Cfg::kSRegs; ++r) {
+      const int row = work.row_start + row0 + frag.row((r / 2) % 2);
+      s[r] = logits.template apply<kSoftcap, kAlibi>(s[r], work.mask, row, n0 + frag.col(r),
+                                                     ptx::TanhApprox{});
     }
   }
 
@@ -475,7 +512,7 @@ __device__ __forceinline__ int turn_barrier_id(int consumer_index) { return 3 + 
 // Steps 4.1 and 4.2: every thread computes; the ring is refilled by cp.async (every thread)
 // or by TMA (one thread), with one __syncthreads per tile. Plain logits (scale·q·k) with
 // any mask, sinks, dense or varlen (cp_async only).
-template <class T, class Cfg, bool kTma>
+template <class T, class Cfg, bool kTma, bool kTransformed>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     sm90_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
@@ -529,12 +566,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue_tile(s);
 
-  ConsumerWarpgroup<T, Cfg> wg(consumer, p.scale);
+  using Consumer = ConsumerWarpgroup<T, Cfg, kTransformed>;
+  Consumer wg(consumer, p, work);
   if constexpr (kTma)
     ptx::mbarrier_wait(smem.q_barrier(), 0);
   else
     ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
-  if (p.scale < 0.0f) {
+  if (Consumer::needs_q_sign_flip(p)) {
     __syncthreads();  // every thread's part of Q has landed
     wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
   }
@@ -573,7 +611,7 @@ inline constexpr int kWsThreads = Cfg::kThreads + kWarpgroupThreads;
 // P_j.
 // kPingPong (step 4.5, with kOverlap): the two consumer warpgroups take turns to issue
 // their GEMMs (named barriers, 3 + c), so one's softmax runs under the other's GEMMs.
-template <class T, class Cfg, bool kOverlap, bool kPingPong>
+template <class T, class Cfg, bool kOverlap, bool kPingPong, bool kTransformed>
 __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     sm90_ws_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
@@ -629,9 +667,10 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
 
   ptx::setmaxnreg_inc<kConsumerRegisters>();
   const int consumer = warpgroup - 1;
-  ConsumerWarpgroup<T, Cfg> wg(consumer, p.scale);
+  using Consumer = ConsumerWarpgroup<T, Cfg, kTransformed>;
+  Consumer wg(consumer, p, work);
   ptx::mbarrier_wait(smem.q_barrier(), 0);
-  if (p.scale < 0.0f) wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
+  if (Consumer::needs_q_sign_flip(p)) wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
   const auto phase = [](int tile) { return uint32_t(tile / kStages) % 2; };
   auto wait_k = [&](int tile) { ptx::mbarrier_wait(smem.k_full(tile % kStages), phase(tile)); };
   auto wait_v = [&](int tile) { ptx::mbarrier_wait(smem.v_full(tile % kStages), phase(tile)); };
@@ -721,42 +760,31 @@ void set_smem_limit(Kernel* kernel, int bytes) {
 
 // Launches one pipeline on `stream`; the grid covers the longest sequence (p.seqlen_q) of
 // every (head, batch entry).
-template <class T, class Cfg>
+template <class T, class Cfg, bool kTransformed>
 void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline pipeline,
                         cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+  auto launch = [&](auto* kernel, int threads) {
+    set_smem_limit(kernel, Cfg::kSmemBytes);
+    kernel<<<grid, threads, Cfg::kSmemBytes, stream>>>(p, maps);
+  };
   switch (pipeline) {
-    case Pipeline::cp_async: {
-      auto* kernel = &sm90_forward_kernel<T, Cfg, false>;
-      set_smem_limit(kernel, Cfg::kSmemBytes);
-      kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
+    case Pipeline::cp_async:
+      launch(&sm90_forward_kernel<T, Cfg, false, kTransformed>, Cfg::kThreads);
       break;
-    }
-    case Pipeline::tma: {
-      auto* kernel = &sm90_forward_kernel<T, Cfg, true>;
-      set_smem_limit(kernel, Cfg::kSmemBytes);
-      kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
+    case Pipeline::tma:
+      launch(&sm90_forward_kernel<T, Cfg, true, kTransformed>, Cfg::kThreads);
       break;
-    }
-    case Pipeline::tma_warp_specialized: {
-      auto* kernel = &sm90_ws_forward_kernel<T, Cfg, false, false>;
-      set_smem_limit(kernel, Cfg::kSmemBytes);
-      kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps);
+    case Pipeline::tma_warp_specialized:
+      launch(&sm90_ws_forward_kernel<T, Cfg, false, false, kTransformed>, kWsThreads<Cfg>);
       break;
-    }
-    case Pipeline::tma_warp_specialized_overlap: {
-      auto* kernel = &sm90_ws_forward_kernel<T, Cfg, true, false>;
-      set_smem_limit(kernel, Cfg::kSmemBytes);
-      kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps);
+    case Pipeline::tma_warp_specialized_overlap:
+      launch(&sm90_ws_forward_kernel<T, Cfg, true, false, kTransformed>, kWsThreads<Cfg>);
       break;
-    }
-    case Pipeline::tma_ping_pong: {
-      auto* kernel = &sm90_ws_forward_kernel<T, Cfg, true, true>;
-      set_smem_limit(kernel, Cfg::kSmemBytes);
-      kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps);
+    case Pipeline::tma_ping_pong:
+      launch(&sm90_ws_forward_kernel<T, Cfg, true, true, kTransformed>, kWsThreads<Cfg>);
       break;
-    }
   }
   check_launch("cuda_sm90 forward kernel");
 }
@@ -774,7 +802,10 @@ void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
   // Dense calls take step 4.3: 4.4 and 4.5 measured 15-24% slower (docs/JOURNEY.md).
   const Pipeline pipeline =
       pinned ? *pinned : tma ? Pipeline::tma_warp_specialized : Pipeline::cp_async;
-  launch_sm90_kernel<T, Cfg>(p, maps, pipeline, stream);
+  if (p.softcap != 0.0f || p.alibi_slopes != nullptr)
+    launch_sm90_kernel<T, Cfg, true>(p, maps, pipeline, stream);
+  else
+    launch_sm90_kernel<T, Cfg, false>(p, maps, pipeline, stream);
 }
 
 }  // namespace flashtile::detail::sm90
