@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for cuda_sm90 on the H200 (issue 9), in groups (GROUPS names which, in
+# One device call for cuda_sm90 on the H200 (issue 9), in groups (SM90_GROUPS names which, in
 # order; default all):
 #   tests     the layout probes, a smoke run, the suite (FLASHTILE_SMALL_GRID=1 when QUICK=1)
 #   sanitize  compute-sanitizer memcheck and racecheck on a small subset
@@ -15,7 +15,7 @@
 # them) and they run here, else builds the two targets it needs. Logs go to ./sm90-check-logs;
 # under the device tool they also come back as $OUT/sm90-check-logs.tgz, refreshed after
 # every step.
-# Usage (repo root, .device/ carried): [GROUPS=...] scripts/sm90-check.sh [BIN_DIR]
+# Usage (repo root, .device/ carried): [SM90_GROUPS=...] scripts/sm90-check.sh [BIN_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=sm90-check-logs
@@ -35,7 +35,7 @@ step() {  # step NAME SECONDS COMMAND...: run under a time limit, log, print the
   [ -n "${OUT:-}" ] && tar czf "$OUT/sm90-check-logs.tgz" "$logs"
   return $rc
 }
-want() { case " ${GROUPS:-tests sanitize ncu peers pipelines grid} " in *" $1 "*) return 0;; esac; return 1; }
+want() { case " ${SM90_GROUPS:-tests sanitize ncu peers pipelines grid} " in *" $1 "*) return 0;; esac; return 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 if [ -z "$bin" ] || ! "$bin/flashtile_cuda_sm90_tests" --gtest_list_tests >/dev/null 2>&1 ||
    ! "$bin/flashtile" info >/dev/null 2>&1; then
