@@ -17,22 +17,23 @@
 // Step 4.3 (sm90_ws_forward_kernel): warp specialisation. A producer warpgroup (setmaxnreg
 //    down to 24 registers; one thread issues every TMA copy) and the consumer warpgroups
 //    (setmaxnreg up to 240) meet only on mbarriers: "full" per stage (TMA bytes landed) and
-//    "empty" per stage (every consumer warp has finished its wgmma on it), so no
-//    __syncthreads remains in the loop and the producer runs up to kStages tiles ahead.
+//    "empty" per stage (every consumer warp has finished its wgmma on it), K and V each
+//    on their own pair, so no __syncthreads remains in the loop, the producer runs up to
+//    kStages tiles ahead and refills a stage's K while its V still feeds a P·V.
 // Varlen batches keep the cp.async path (tensor_map.cuh says why).
 //  - Feature core: key tiles from key_blocks(), the mask from Mask (only needs_mask()
 //    tiles evaluate it), offsets from SeqlenInfo (dense and varlen), the online softmax
 //    through softmax_state.hpp, sinks through add_sink, the LSE index from
-//    SeqlenInfo::lse_index. Softcap and ALiBi are not in this step (refused on the host).
+//    SeqlenInfo::lse_index.
 //
-// Step 4.4 (kOverlap) and 4.5 (kPingPong) are below; both measured slower than 4.3, which
-// dense calls take. Next (issue 9): find why (ncu), a persistent scheduler, a TMA-store
-// epilogue, d=256, softcap and ALiBi.
+// Step 4.4 (kOverlap) and 4.5 (kPingPong) are below. Each head dim's dense calls take the
+// pipeline measured fastest for their length and mask (Sm90Traits::dense_pipeline).
+// Softcap and ALiBi run in a transformed kernel per pipeline (LogitsTransform::apply).
+// Next (issue 9): a persistent scheduler, a TMA-store epilogue.
 //
 // Measured (H200, bf16, seqlen 16k, TFLOP/s full / causal, one device call; docs/JOURNEY.md
-// "Step 4 — cuda_sm90", bench/results/sm90_run3_*): d=128 4.1 437 / 437, 4.2 538 / 525,
-// 4.3 558 / 548 (1.60× / 1.70× cuda_mma, 0.90× / 0.95× the issue's cuDNN), 4.4 431 / 454,
-// 4.5 455 / 463; d=64 4.3 423 / 415 (1.39× / 1.41× cuda_mma).
+// "Step 4 — cuda_sm90"): d=64 4.3 410 / 404; d=128 4.3 544 / 534, 4.5 590 / 565;
+// d=256 4.3 587 / 570, 4.4 634 / 610.
 //
 // Shared-memory tiles (Q, K, V, and O in the epilogue) all use wgmma's K-major 128-byte-
 // swizzle canonical layout: the 16-bit columns are cut into blocks of 64 (128 bytes); block
@@ -799,9 +800,13 @@ void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
                    encode_dense_maps(p, Cfg::kBlockM, Cfg::kBlockN, maps);
   if (pinned && *pinned != Pipeline::cp_async && !tma)
     throw Error(ErrorKind::unsupported, "cuda_sm90: the TMA maps of this call cannot be encoded");
-  // Dense calls take step 4.3: 4.4 and 4.5 measured 15-24% slower (docs/JOURNEY.md).
-  const Pipeline pipeline =
-      pinned ? *pinned : tma ? Pipeline::tma_warp_specialized : Pipeline::cp_async;
+  // Dense calls: full and causal ones take the head dim's measured choice (traits.cuh);
+  // windows step 4.3 (few key tiles per CTA, like short causal calls; 4.4/4.5 not measured).
+  const bool window = p.has_mask() && !p.is_causal();
+  const Pipeline pipeline = pinned ? *pinned
+                            : !tma ? Pipeline::cp_async
+                            : window ? Pipeline::tma_warp_specialized
+                                     : Cfg::dense_pipeline(p);
   if (p.softcap != 0.0f || p.alibi_slopes != nullptr)
     launch_sm90_kernel<T, Cfg, true>(p, maps, pipeline, stream);
   else
