@@ -298,22 +298,47 @@ TEST(CudaSm90, DeterministicOver100Runs) {
     }
 }
 
-// `auto` does not pick cuda_sm90 yet (not measured faster everywhere it runs): cuda_mma
-// keeps the calls both serve.
-TEST(CudaSm90, AutoKeepsCudaMma) {
+// `auto` takes cuda_sm90 where it was measured faster than cuda_mma (dense bf16 full and
+// causal calls from 512 queries and keys, d=64 causal from 1024) and keeps cuda_mma
+// elsewhere (shorter, fp16, variants, varlen: not measured against it).
+TEST(CudaSm90, AutoPicksCudaSm90WhereMeasuredFaster) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (DType dtype : {DType::f16, DType::bf16})
-    for (int64_t d : {64, 128}) {
-      Shape s = shape_of(dtype, 1, 256, 256, 2, 2, d);
-      s.causal = d == 64;
-      AttentionCase c(s);
-      DeviceCase dc(c);
-      EXPECT_EQ(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view, dc.options(c, kSm90)).backend, kSm90);
-      EXPECT_EQ(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view,
-                     dc.options(c, Backend::automatic)).backend,
-                Backend::cuda_mma)
-          << s.describe();
-    }
+  struct Row {
+    DType dtype;
+    int64_t seqlen, head_dim;
+    bool causal;
+    float softcap;
+    Backend expected;
+  };
+  const Row rows[] = {
+      {DType::bf16, 1024, 64, false, 0, kSm90},
+      {DType::bf16, 1024, 64, true, 0, kSm90},
+      {DType::bf16, 512, 64, true, 0, Backend::cuda_mma},  // 1.00x: a tie keeps cuda_mma
+      {DType::bf16, 512, 128, true, 0, kSm90},
+      {DType::bf16, 256, 128, false, 0, Backend::cuda_mma},  // below the measured grid
+      {DType::bf16, 700, 256, false, 0, kSm90},
+      {DType::f16, 1024, 128, false, 0, Backend::cuda_mma},
+      {DType::bf16, 1024, 128, false, 5.0f, Backend::cuda_mma},
+  };
+  for (const Row& row : rows) {
+    Shape s = shape_of(row.dtype, 1, row.seqlen, row.seqlen, 2, 2, row.head_dim);
+    s.causal = row.causal;
+    s.softcap = row.softcap;
+    AttentionCase c(s);
+    DeviceCase dc(c);
+    EXPECT_EQ(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view, dc.options(c, kSm90)).backend, kSm90);
+    EXPECT_EQ(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view,
+                   dc.options(c, Backend::automatic)).backend,
+              row.expected)
+        << s.describe();
+  }
+  Shape varlen = shape_of(DType::bf16, 1, 0, 0, 2, 2, 128);
+  varlen.varlen_q = varlen.varlen_k = {300, 700};
+  AttentionCase c(varlen);
+  DeviceCase dc(c);
+  EXPECT_EQ(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view,
+                 dc.options(c, Backend::automatic)).backend,
+            Backend::cuda_mma);
 }
 
 // What this step refuses, with the reason named, leaving out untouched; `auto` then runs

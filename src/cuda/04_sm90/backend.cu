@@ -94,11 +94,23 @@ void run_sm90(const AttentionParams& p) {
 
 }  // namespace
 
-// Priority below cuda_mma's 30: `auto` keeps cuda_mma until cuda_sm90 is measured faster
-// wherever it runs (issue 9).
+// `auto` prefers cuda_sm90 to cuda_mma (priority 30) where it was measured faster: dense
+// bf16 full and causal calls from 512 queries and keys, 1.06-2.15x cuda_mma at seqlen
+// 512-2k and 1.3-2.0x at 4k-16k over d 64/128/256 (H200, one call; docs/JOURNEY.md), but
+// d=64 causal below 1k (1.00x at 512). Elsewhere, not measured against cuda_mma (shorter
+// sequences, fp16, varlen, windows, softcap, ALiBi, sinks), cuda_mma keeps the call.
+constexpr int kSm90Priority = 20, kSm90MeasuredFasterPriority = 40;
+int sm90_priority(const AttentionParams& p) {
+  if (p.dtype != DType::bf16 || p.has_variant()) return kSm90Priority;
+  const int64_t min_seqlen = p.head_dim == 64 && p.is_causal() ? 1024 : 512;
+  if (p.seqlen_q < min_seqlen || p.seqlen_k < min_seqlen) return kSm90Priority;
+  return kSm90MeasuredFasterPriority;
+}
+
 BackendEntry make_cuda_sm90_backend() {
-  return {Backend::cuda_sm90, DeviceType::cuda, /*priority=*/20, sm90_unavailable,
-          sm90_unsupported, no_workspace, run_sm90};
+  return {Backend::cuda_sm90, DeviceType::cuda, kSm90Priority, sm90_unavailable,
+          sm90_unsupported, no_workspace, run_sm90,
+          /*backward_workspace_bytes=*/nullptr, /*run_backward=*/nullptr, sm90_priority};
 }
 
 }  // namespace flashtile::detail
