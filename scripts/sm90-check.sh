@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for cuda_sm90 on the H200 (issue 9), in groups (SM90_GROUPS names which, in
 # order; default all):
-#   tests     the layout probes, a smoke run, the suite (FLASHTILE_SMALL_GRID=1 when QUICK=1)
+#   tests     the layout probes, a smoke run, the suite (TEST_FILTER; FLASHTILE_SMALL_GRID=1
+#             when QUICK=1)
 #   sanitize  compute-sanitizer memcheck and racecheck on a small subset
 #   ncu       Nsight Compute on one d=128 16k causal bf16 call of 4.3 and 4.4 (and of the
 #             baseline binary's 4.4 when BASE_BIN names one): tensor-pipe use, stall reasons
@@ -62,7 +63,7 @@ if want tests; then
     export FLASHTILE_SM90_PIPELINE=$FALLBACK
   fi
   if [ "${QUICK:-0}" = 1 ]; then export FLASHTILE_SMALL_GRID=1; fi
-  TAIL=24 step tests ${TEST_LIMIT:-120} "$tests" --gtest_filter='-Sm90Pieces.*'
+  TAIL=24 step tests ${TEST_LIMIT:-120} "$tests" --gtest_filter="${TEST_FILTER:--Sm90Pieces.*}"
   unset FLASHTILE_SMALL_GRID
 fi
 if want sanitize; then
