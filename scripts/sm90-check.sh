@@ -10,8 +10,8 @@
 #             FlashAttention-2 and cuDNN (bf16, d 64/128/256, seqlen 4k/16k, causal and not)
 #   pipelines every pipeline named in PIPELINES pinned (FLASHTILE_SM90_PIPELINE), cuda_sm90
 #             alone on the same grid; BASE_PIPELINES the same on BASE_BIN's flashtile
-#   grid      bf16 and fp16 at seqlen 512-2k beside cuda_mma, on the pipelines in GRID_PIPELINES
-#             (default: the default one), for the selection rule
+#   grid      GRID_DTYPES (bf16 f16) at GRID_SEQLENS (512-2k) beside cuda_mma, on the pipelines
+#             in GRID_PIPELINES (default: the default one), for the selection rule
 # Uses binaries built elsewhere for sm_90a when BIN names them (or BIN_TGZ, a tarball of
 # them) and they run here, else builds the two targets it needs. Logs go to ./sm90-check-logs;
 # under the device tool they also come back as $OUT/sm90-check-logs.tgz, refreshed after
@@ -110,10 +110,10 @@ if want pipelines; then
 fi
 if want grid; then
   for pipeline in ${GRID_PIPELINES:-default}; do
-    for dtype in bf16 f16; do
+    for dtype in ${GRID_DTYPES:-bf16 f16}; do
       if [ "$pipeline" = default ]; then unset FLASHTILE_SM90_PIPELINE; else export FLASHTILE_SM90_PIPELINE=$pipeline; fi
       TAIL=40 step grid_${pipeline}_$dtype ${BENCH_LIMIT:-40} "$cli" bench --sweep \
-        --sweep-seqlens 512,1024,2048 --sweep-head-dims ${HEAD_DIMS:-64,128,256} --sweep-causal 0,1 \
+        --sweep-seqlens ${GRID_SEQLENS:-512,1024,2048} --sweep-head-dims ${HEAD_DIMS:-64,128,256} --sweep-causal 0,1 \
         --backends cuda_sm90,cuda_mma --dtype $dtype --output "$logs/sm90_grid_${pipeline}_$dtype.csv"
     done
   done
