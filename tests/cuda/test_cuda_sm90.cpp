@@ -336,8 +336,9 @@ TEST(CudaSm90, AutoPicksCudaSm90WhereMeasuredFaster) {
   varlen.varlen_q = varlen.varlen_k = {300, 700};
   AttentionCase c(varlen);
   DeviceCase dc(c);
-  EXPECT_EQ(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view,
-                 dc.options(c, Backend::automatic)).backend,
+  EXPECT_EQ(testing::plan_call(dc.q.view, dc.k.view, dc.v.view, dc.out.view,
+                               dc.options(c, Backend::automatic), dc.varlen(c))
+                .backend,
             Backend::cuda_mma);
 }
 
