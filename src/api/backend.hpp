@@ -27,6 +27,9 @@ struct BackendEntry {
   // scratch) is sized by the same function it allocates with.
   int64_t (*backward_workspace_bytes)(const BackwardParams&) = nullptr;
   void (*run_backward)(const BackwardParams&) = nullptr;
+  // A per-call priority for `automatic` forward selection (a measured rule: where this
+  // backend is faster than another it outranks it), or null for `priority` everywhere.
+  int (*priority_for)(const AttentionParams&) = nullptr;
 };
 
 inline int64_t no_workspace(const AttentionParams&) { return 0; }

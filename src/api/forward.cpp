@@ -31,6 +31,12 @@ std::string refusal(const detail::BackendEntry& entry, const detail::AttentionPa
   return entry.unsupported_reason(p);
 }
 
+// The priority of `entry` for this call in automatic selection (the per-call rule applies to
+// the forward pass it was measured on).
+int rank(const detail::BackendEntry& entry, const detail::AttentionParams& p, bool backward) {
+  return !backward && entry.priority_for != nullptr ? entry.priority_for(p) : entry.priority;
+}
+
 const detail::BackendEntry& choose(const detail::AttentionParams& p, DeviceType device,
                                    Backend requested, const char* api, bool backward = false) {
   if (requested != Backend::automatic) {
@@ -61,7 +67,7 @@ const detail::BackendEntry& choose(const detail::AttentionParams& p, DeviceType 
       reasons += std::string("; ") + std::string(backend_name(entry.id)) + ": " + why;
       continue;
     }
-    if (best == nullptr || entry.priority > best->priority) best = &entry;
+    if (best == nullptr || rank(entry, p, backward) > rank(*best, p, backward)) best = &entry;
   }
   if (best == nullptr) fail(api, ErrorKind::unsupported, "no backend can run this call", reasons);
   return *best;

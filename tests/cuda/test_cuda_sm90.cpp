@@ -89,7 +89,7 @@ constexpr int kRows = 64, kKeys = 128;  // the probes' M and key count (sm90.hpp
 TEST(Sm90Pieces, QKProductMatchesHost) {
   SKIP_WITHOUT_SM90_DEVICE();
   for (bool bf16 : {true, false})
-    for (int d : {64, 128}) {
+    for (int d : {64, 128, 256}) {
       const std::vector<float> a = quarter_matrix(kRows, d, 1 + d), b = quarter_matrix(kKeys, d, 2 + d);
       std::vector<double> want(size_t(kRows) * kKeys, 0.0);
       for (int i = 0; i < kRows; ++i)
@@ -103,7 +103,7 @@ TEST(Sm90Pieces, QKProductMatchesHost) {
 TEST(Sm90Pieces, PVProductMatchesHost) {
   SKIP_WITHOUT_SM90_DEVICE();
   for (bool bf16 : {true, false})
-    for (int d : {64, 128}) {
+    for (int d : {64, 128, 256}) {
       const std::vector<float> p = quarter_matrix(kRows, kKeys, 3 + d), v = quarter_matrix(kKeys, d, 4 + d);
       std::vector<double> want(size_t(kRows) * d, 0.0);
       for (int i = 0; i < kRows; ++i)
@@ -135,11 +135,11 @@ constexpr const char* kPipelines[] = {"tma_ping_pong", "tma_ws_overlap", "tma_ws
 class CudaSm90Grid : public ::testing::TestWithParam<DType> {};
 
 // Seqlens 1, 17, 113, 127, 128, 129, 1023, 1025 with seqlen_q != seqlen_k both ways, causal
-// or not, MHA/GQA/MQA, strided views, at both head dims: on the pipeline dense calls take,
+// or not, MHA/GQA/MQA, strided views, at every head dim served: on the pipeline dense calls take,
 // then on each pipeline pinned.
 TEST_P(CudaSm90Grid, MatchesOracle) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (const Shape& s : testing::backend_grid({64, 128}, GetParam(), !small_grid()))
+  for (const Shape& s : testing::backend_grid({64, 128, 256}, GetParam(), !small_grid()))
     expect_matches_oracle(s);
 }
 
@@ -148,29 +148,43 @@ TEST_P(CudaSm90Grid, EveryPipelineMatchesOracle) {
   for (const char* pipeline : kPipelines) {
     SCOPED_TRACE(pipeline);
     const ScopedPipeline pinned(pipeline);
-    for (const Shape& s : testing::backend_grid({64, 128}, GetParam(), !small_grid()))
+    for (const Shape& s : testing::backend_grid({64, 128, 256}, GetParam(), !small_grid()))
       expect_matches_oracle(s);
+    for (int64_t d : {64, 128, 256}) {  // the pipeline's softcap/ALiBi kernel
+      Shape s = shape_of(GetParam(), 2, 129, 300, 4, 2, d);
+      s.causal = true, s.softcap = 20.0f, s.alibi = true;
+      expect_matches_oracle(s);
+    }
   }
 }
 
-// The masks and sinks this step serves, over lengths that put window edges, the diagonal
-// and the end of K inside tiles (sq != sk both ways), GQA/MQA and strides.
-TEST_P(CudaSm90Grid, MasksAndSinksMatchOracle) {
+// Every variant, over lengths that put window edges, the diagonal and the end of K inside
+// tiles (sq != sk both ways), GQA/MQA and strides, at every head dim.
+TEST_P(CudaSm90Grid, VariantsMatchOracle) {
   SKIP_WITHOUT_SM90_DEVICE();
   struct Feature {
     Window window;
-    bool causal = false, sinks = false;
+    bool causal = false;
+    float softcap = 0;
+    bool alibi = false, alibi_per_batch = false, sinks = false;
   };
   const Feature features[] = {
-      {{16, 0}},           // sliding window, causal-like
-      {{0, 0}},            // the diagonal only
-      {{5, 7}},            // both sides bounded
-      {{-1, 3}},           // right side only
-      {{40, -1}},          // left side only (first rows heaviest)
-      {{70, 0}, true},     // causal + left window
-      {{}, false, true},   // sinks
-      {{}, true, true},    // causal + sinks (empty rows when sq > sk)
-      {{33, 9}, false, true},
+      {{16, 0}},                  // sliding window, causal-like
+      {{0, 0}},                   // the diagonal only
+      {{5, 7}},                   // both sides bounded
+      {{-1, 3}},                  // right side only
+      {{40, -1}},                 // left side only (first rows heaviest)
+      {{70, 0}, true},            // causal + left window
+      {{}, false, 0, false, false, true},        // sinks
+      {{}, true, 0, false, false, true},         // causal + sinks (empty rows when sq > sk)
+      {{33, 9}, false, 0, false, false, true},   // window + sinks
+      {{}, false, 5.0f},                         // softcap
+      {{}, true, 30.0f},                         // causal + softcap
+      {{}, false, 0, true},                      // ALiBi (heads)
+      {{}, true, 0, true, true},                 // causal + ALiBi (batch, heads)
+      {{}, false, 20.0f, true},                  // softcap + ALiBi
+      {{33, 9}, false, 0, true, false, true},    // window + ALiBi + sinks
+      {{64, 0}, false, 12.0f, true, true, true}, // everything
   };
   struct Lengths {
     int64_t q, k;
@@ -180,12 +194,16 @@ TEST_P(CudaSm90Grid, MasksAndSinksMatchOracle) {
   int rotate = 0;
   for (const Feature& f : features)
     for (const Lengths& len : lengths) {
-      Shape s = shape_of(GetParam(), 2, len.q, len.k, 4, 2, rotate % 2 ? 128 : 64);
+      constexpr int64_t kHeadDims[] = {64, 128, 256};
+      Shape s = shape_of(GetParam(), 2, len.q, len.k, 4, 2, kHeadDims[rotate % 3]);
       s.strided = rotate % 3 == 1;
       if (rotate % 5 == 2) s.heads_kv = 1;  // MQA
       ++rotate;
       s.window = f.window;
       s.causal = f.causal;
+      s.softcap = f.softcap;
+      s.alibi = f.alibi;
+      s.alibi_per_batch = f.alibi_per_batch;
       s.sinks = f.sinks;
       expect_matches_oracle(s);
     }
@@ -199,14 +217,20 @@ TEST_P(CudaSm90Grid, VarlenMatchesOracle) {
     bool causal;
     Window window;
     bool sinks;
+    float softcap = 0;
+    bool alibi = false;
   };
-  const Variant variants[] = {{false, {}, false}, {true, {}, false}, {false, {20, 3}, true}};
+  const Variant variants[] = {{false, {}, false},
+                              {true, {}, false},
+                              {false, {20, 3}, true},
+                              {true, {}, false, 10.0f, true}};  // slopes per (sequence, head)
   for (const testing::VarlenBatch& batch : testing::varlen_batches())
     for (const Variant& v : variants)
-      for (int64_t d : {64, 128}) {
+      for (int64_t d : {64, 128, 256}) {
         Shape s = shape_of(GetParam(), 1, 0, 0, 4, 2, d);
         s.varlen_q = batch.q, s.varlen_k = batch.k, s.seqused_k = batch.used;
         s.causal = v.causal, s.window = v.window, s.sinks = v.sinks;
+        s.softcap = v.softcap, s.alibi = s.alibi_per_batch = v.alibi;
         s.strided = d == 128;
         expect_matches_oracle(s);
       }
@@ -221,11 +245,13 @@ TEST(CudaSm90, ScaleOfAnySign) {
     SCOPED_TRACE(pipeline);
     const ScopedPipeline pinned(pipeline);
     for (float scale : {-0.37f, 0.0f, 1.5f})
-      for (bool causal : {false, true}) {
-        Shape s = shape_of(DType::f16, 1, 100, 150, 2, 1, 64);
-        s.causal = causal;
-        expect_matches_oracle(s, scale);
-      }
+      for (bool causal : {false, true})
+        for (bool transformed : {false, true}) {
+          Shape s = shape_of(DType::f16, 1, 100, 150, 2, 1, 64);
+          s.causal = causal;
+          if (transformed) s.softcap = 4.0f, s.alibi = true;  // the scale inside the transform
+          expect_matches_oracle(s, scale);
+        }
   }
 }
 
@@ -236,7 +262,7 @@ TEST(CudaSm90, LongerSequences) {
   for (const char* pipeline : kPipelines) {
     SCOPED_TRACE(pipeline);
     const ScopedPipeline pinned(pipeline);
-    for (int64_t d : {64, 128})
+    for (int64_t d : {64, 128, 256})
       for (int mask = 0; mask < 3; ++mask) {
         Shape s = shape_of(DType::bf16, 1, 2000, 2100, 2, 2, d);
         s.causal = mask == 1;
@@ -249,44 +275,71 @@ TEST(CudaSm90, LongerSequences) {
 // Bitwise the same over 100 runs, with a window and sinks on, on each pipeline.
 TEST(CudaSm90, DeterministicOver100Runs) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (const char* pipeline : kPipelines) {
-    SCOPED_TRACE(pipeline);
-    const ScopedPipeline pinned(pipeline);
-    Shape s = shape_of(DType::bf16, 2, 257, 300, 4, 2, 128);
-    s.window = {100, 20};
-    s.sinks = true;
-    AttentionCase c(s);
-    DeviceCase d(c);
-    d.run(c, kSm90);
-    expect_oracle(c);
-    const testing::HostBytes first_out = c.out.bytes;
-    const std::vector<float> first_lse = c.lse;
-    for (int run = 1; run < 100; ++run) {
-      d.poison();
+  for (const char* pipeline : kPipelines)
+    for (int64_t head_dim : {128, 256}) {
+      SCOPED_TRACE(std::string(pipeline) + ", d=" + std::to_string(head_dim));
+      const ScopedPipeline pinned(pipeline);
+      Shape s = shape_of(DType::bf16, 2, 257, 300, 4, 2, head_dim);
+      s.window = {100, 20};
+      s.sinks = true;
+      AttentionCase c(s);
+      DeviceCase d(c);
       d.run(c, kSm90);
-      ASSERT_EQ(c.out.bytes, first_out) << "run " << run;
-      ASSERT_EQ(std::memcmp(c.lse.data(), first_lse.data(), c.lse.size() * sizeof(float)), 0)
-          << "lse, run " << run;
+      expect_oracle(c);
+      const testing::HostBytes first_out = c.out.bytes;
+      const std::vector<float> first_lse = c.lse;
+      for (int run = 1; run < 100; ++run) {
+        d.poison();
+        d.run(c, kSm90);
+        ASSERT_EQ(c.out.bytes, first_out) << "run " << run;
+        ASSERT_EQ(std::memcmp(c.lse.data(), first_lse.data(), c.lse.size() * sizeof(float)), 0)
+            << "lse, run " << run;
+      }
     }
-  }
 }
 
-// `auto` does not pick cuda_sm90 yet (not measured faster everywhere it runs): cuda_mma
-// keeps the calls both serve.
-TEST(CudaSm90, AutoKeepsCudaMma) {
+// `auto` takes cuda_sm90 where it was measured faster than cuda_mma (dense bf16 full and
+// causal calls from 512 queries and keys, d=64 causal from 1024) and keeps cuda_mma
+// elsewhere (shorter, fp16, variants, varlen: not measured against it).
+TEST(CudaSm90, AutoPicksCudaSm90WhereMeasuredFaster) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (DType dtype : {DType::f16, DType::bf16})
-    for (int64_t d : {64, 128}) {
-      Shape s = shape_of(dtype, 1, 256, 256, 2, 2, d);
-      s.causal = d == 64;
-      AttentionCase c(s);
-      DeviceCase dc(c);
-      EXPECT_EQ(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view, dc.options(c, kSm90)).backend, kSm90);
-      EXPECT_EQ(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view,
-                     dc.options(c, Backend::automatic)).backend,
-                Backend::cuda_mma)
-          << s.describe();
-    }
+  struct Row {
+    DType dtype;
+    int64_t seqlen, head_dim;
+    bool causal;
+    float softcap;
+    Backend expected;
+  };
+  const Row rows[] = {
+      {DType::bf16, 1024, 64, false, 0, kSm90},
+      {DType::bf16, 1024, 64, true, 0, kSm90},
+      {DType::bf16, 512, 64, true, 0, Backend::cuda_mma},  // 1.00x: a tie keeps cuda_mma
+      {DType::bf16, 512, 128, true, 0, kSm90},
+      {DType::bf16, 256, 128, false, 0, Backend::cuda_mma},  // below the measured grid
+      {DType::bf16, 700, 256, false, 0, kSm90},
+      {DType::f16, 1024, 128, false, 0, Backend::cuda_mma},
+      {DType::bf16, 1024, 128, false, 5.0f, Backend::cuda_mma},
+  };
+  for (const Row& row : rows) {
+    Shape s = shape_of(row.dtype, 1, row.seqlen, row.seqlen, 2, 2, row.head_dim);
+    s.causal = row.causal;
+    s.softcap = row.softcap;
+    AttentionCase c(s);
+    DeviceCase dc(c);
+    EXPECT_EQ(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view, dc.options(c, kSm90)).backend, kSm90);
+    EXPECT_EQ(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view,
+                   dc.options(c, Backend::automatic)).backend,
+              row.expected)
+        << s.describe();
+  }
+  Shape varlen = shape_of(DType::bf16, 1, 0, 0, 2, 2, 128);
+  varlen.varlen_q = varlen.varlen_k = {300, 700};
+  AttentionCase c(varlen);
+  DeviceCase dc(c);
+  EXPECT_EQ(testing::plan_call(dc.q.view, dc.k.view, dc.v.view, dc.out.view,
+                               dc.options(c, Backend::automatic), dc.varlen(c))
+                .backend,
+            Backend::cuda_mma);
 }
 
 // What this step refuses, with the reason named, leaving out untouched; `auto` then runs
@@ -296,22 +349,16 @@ TEST(CudaSm90, RefusesWhatItDoesNotServeAndLeavesOutUntouched) {
   struct Bad {
     DType dtype;
     int64_t head_dim;
-    float softcap;
-    bool alibi, misaligned;
+    bool misaligned;
     const char* message;
   };
   const Bad bads[] = {
-      {DType::f32, 64, 0, false, false, "float16 and bfloat16; got float32"},
-      {DType::bf16, 96, 0, false, false, "head_dim 64 and 128 (step 4.1); got 96"},
-      {DType::bf16, 256, 0, false, false, "head_dim 64 and 128 (step 4.1); got 256"},
-      {DType::f16, 64, 10.0f, false, false, "does not yet support softcap or ALiBi"},
-      {DType::bf16, 128, 0, true, false, "does not yet support softcap or ALiBi"},
-      {DType::bf16, 64, 0, false, true, "q.data is not 16-byte aligned"},
+      {DType::f32, 64, false, "float16 and bfloat16; got float32"},
+      {DType::bf16, 96, false, "head_dim 64, 128 and 256; got 96"},
+      {DType::bf16, 64, true, "q.data is not 16-byte aligned"},
   };
   for (const Bad& bad : bads) {
     Shape s = shape_of(bad.dtype, 1, 40, 40, 2, 2, bad.head_dim);
-    s.softcap = bad.softcap;
-    s.alibi = bad.alibi;
     AttentionCase c(s);
     DeviceCase d(c);
     TensorView q = d.q.view;

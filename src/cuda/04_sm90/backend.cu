@@ -63,11 +63,8 @@ std::string alignment_unsupported(const AttentionParams& p) {
 std::string sm90_unsupported(const AttentionParams& p) {
   if (p.dtype != DType::f16 && p.dtype != DType::bf16)
     return "cuda_sm90 supports float16 and bfloat16; got " + std::string(dtype_name(p.dtype));
-  if (p.head_dim != 64 && p.head_dim != 128)
-    return "cuda_sm90 supports head_dim 64 and 128 (step 4.1); got " + std::to_string(p.head_dim);
-  if (p.softcap != 0.0f || p.alibi_slopes != nullptr)
-    return "cuda_sm90 does not yet support softcap or ALiBi (step 4.1); got " +
-           describe_variant(p);
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
+    return "cuda_sm90 supports head_dim 64, 128 and 256; got " + std::to_string(p.head_dim);
   if (std::string why = alignment_unsupported(p); !why.empty()) return why;
   // Sequence positions are 32-bit inside the kernel (element offsets stay 64-bit).
   constexpr int64_t kMaxSeqlen = INT_MAX - 1024;
@@ -97,11 +94,23 @@ void run_sm90(const AttentionParams& p) {
 
 }  // namespace
 
-// Priority below cuda_mma's 30: `auto` keeps cuda_mma until cuda_sm90 is measured faster
-// wherever it runs (issue 9).
+// `auto` prefers cuda_sm90 to cuda_mma (priority 30) where it was measured faster: dense
+// bf16 full and causal calls from 512 queries and keys, 1.06-2.15x cuda_mma at seqlen
+// 512-2k and 1.3-2.0x at 4k-16k over d 64/128/256 (H200, one call; docs/JOURNEY.md), but
+// d=64 causal below 1k (1.00x at 512). Elsewhere, not measured against cuda_mma (shorter
+// sequences, fp16, varlen, windows, softcap, ALiBi, sinks), cuda_mma keeps the call.
+constexpr int kSm90Priority = 20, kSm90MeasuredFasterPriority = 40;
+int sm90_priority(const AttentionParams& p) {
+  if (p.dtype != DType::bf16 || p.has_variant()) return kSm90Priority;
+  const int64_t min_seqlen = p.head_dim == 64 && p.is_causal() ? 1024 : 512;
+  if (p.seqlen_q < min_seqlen || p.seqlen_k < min_seqlen) return kSm90Priority;
+  return kSm90MeasuredFasterPriority;
+}
+
 BackendEntry make_cuda_sm90_backend() {
-  return {Backend::cuda_sm90, DeviceType::cuda, /*priority=*/20, sm90_unavailable,
-          sm90_unsupported, no_workspace, run_sm90};
+  return {Backend::cuda_sm90, DeviceType::cuda, kSm90Priority, sm90_unavailable,
+          sm90_unsupported, no_workspace, run_sm90,
+          /*backward_workspace_bytes=*/nullptr, /*run_backward=*/nullptr, sm90_priority};
 }
 
 }  // namespace flashtile::detail

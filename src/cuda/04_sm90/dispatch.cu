@@ -13,6 +13,7 @@ int shared_bytes_for(int64_t head_dim) {
   switch (head_dim) {
     case 64: return Sm90Traits<64>::kSmemBytes;
     case 128: return Sm90Traits<128>::kSmemBytes;
+    case 256: return Sm90Traits<256>::kSmemBytes;
   }
   return 0;
 }
@@ -52,9 +53,10 @@ void run_forward(const AttentionParams& p, void* stream_handle) {
   switch (p.head_dim) {
     case 64: run_for_dtype<64>(p, stream, pinned); break;
     case 128: run_for_dtype<128>(p, stream, pinned); break;
+    case 256: run_for_dtype<256>(p, stream, pinned); break;
     default:
       throw Error(ErrorKind::unsupported,
-                  "cuda_sm90 supports head_dim 64 and 128; got " + std::to_string(p.head_dim));
+                  "cuda_sm90 supports head_dim 64, 128 and 256; got " + std::to_string(p.head_dim));
   }
 }
 

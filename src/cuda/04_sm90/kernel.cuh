@@ -17,22 +17,23 @@
 // Step 4.3 (sm90_ws_forward_kernel): warp specialisation. A producer warpgroup (setmaxnreg
 //    down to 24 registers; one thread issues every TMA copy) and the consumer warpgroups
 //    (setmaxnreg up to 240) meet only on mbarriers: "full" per stage (TMA bytes landed) and
-//    "empty" per stage (every consumer warp has finished its wgmma on it), so no
-//    __syncthreads remains in the loop and the producer runs up to kStages tiles ahead.
+//    "empty" per stage (every consumer warp has finished its wgmma on it), K and V each
+//    on their own pair, so no __syncthreads remains in the loop, the producer runs up to
+//    kStages tiles ahead and refills a stage's K while its V still feeds a P·V.
 // Varlen batches keep the cp.async path (tensor_map.cuh says why).
 //  - Feature core: key tiles from key_blocks(), the mask from Mask (only needs_mask()
 //    tiles evaluate it), offsets from SeqlenInfo (dense and varlen), the online softmax
 //    through softmax_state.hpp, sinks through add_sink, the LSE index from
-//    SeqlenInfo::lse_index. Softcap and ALiBi are not in this step (refused on the host).
+//    SeqlenInfo::lse_index.
 //
-// Step 4.4 (kOverlap) and 4.5 (kPingPong) are below; both measured slower than 4.3, which
-// dense calls take. Next (issue 9): find why (ncu), a persistent scheduler, a TMA-store
-// epilogue, d=256, softcap and ALiBi.
+// Step 4.4 (kOverlap) and 4.5 (kPingPong) are below. Each head dim's dense calls take the
+// pipeline measured fastest for their length and mask (Sm90Traits::dense_pipeline).
+// Softcap and ALiBi run in a transformed kernel per pipeline (LogitsTransform::apply).
+// Next (issue 9): a persistent scheduler, a TMA-store epilogue.
 //
 // Measured (H200, bf16, seqlen 16k, TFLOP/s full / causal, one device call; docs/JOURNEY.md
-// "Step 4 — cuda_sm90", bench/results/sm90_run3_*): d=128 4.1 437 / 437, 4.2 538 / 525,
-// 4.3 558 / 548 (1.60× / 1.70× cuda_mma, 0.90× / 0.95× the issue's cuDNN), 4.4 431 / 454,
-// 4.5 455 / 463; d=64 4.3 423 / 415 (1.39× / 1.41× cuda_mma).
+// "Step 4 — cuda_sm90"): d=64 4.3 410 / 404; d=128 4.3 544 / 534, 4.5 590 / 565;
+// d=256 4.3 587 / 570, 4.4 634 / 610.
 //
 // Shared-memory tiles (Q, K, V, and O in the epilogue) all use wgmma's K-major 128-byte-
 // swizzle canonical layout: the 16-bit columns are cut into blocks of 64 (128 bytes); block
@@ -92,8 +93,8 @@ struct Sm90Config {
   static constexpr int kORegs = kHeadDim / 2;           // O accumulator registers per thread
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one K or one V tile
-  // TMA paths: one mbarrier for Q, a "full" one per stage and an "empty" one per stage.
-  static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
+  // TMA paths: one mbarrier for Q and four per stage (K landed, V landed, K free, V free).
+  static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);
   // Q, then kStages (K, V) pairs, the barriers, and the slack to align the start.
   static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes + kBarrierBytes + kAtomBytes;
 
@@ -222,11 +223,17 @@ struct SmemMap {
     return k_stage(stage) + Cfg::kTileBytes;
   }
   __device__ __forceinline__ uint32_t q_barrier() const { return k_stage(Cfg::kStages); }
-  __device__ __forceinline__ uint32_t full_barrier(int stage) const {
-    return q_barrier() + 8u * (1 + stage);
-  }
-  __device__ __forceinline__ uint32_t empty_barrier(int stage) const {
-    return q_barrier() + 8u * (1 + Cfg::kStages + stage);
+  // The ring's barriers, one of each per stage. K and V complete and are released apart,
+  // so the producer can refill a stage's K while its V still feeds a P·V (step 4.4); step
+  // 4.2 lands K and V together on k_full.
+  __device__ __forceinline__ uint32_t k_full(int stage) const { return ring_barrier(0, stage); }
+  __device__ __forceinline__ uint32_t v_full(int stage) const { return ring_barrier(1, stage); }
+  __device__ __forceinline__ uint32_t k_empty(int stage) const { return ring_barrier(2, stage); }
+  __device__ __forceinline__ uint32_t v_empty(int stage) const { return ring_barrier(3, stage); }
+
+ private:
+  __device__ __forceinline__ uint32_t ring_barrier(int kind, int stage) const {
+    return q_barrier() + 8u * (1 + kind * Cfg::kStages + stage);
   }
 };
 
@@ -264,9 +271,17 @@ __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* m
                      static_cast<int>(head), static_cast<int>(b));
 }
 
+// A hook that does nothing (ConsumerWarpgroup::tile's default).
+struct NoHook {
+  __device__ __forceinline__ void operator()() const {}
+};
+
 // One consumer warpgroup: 64 query rows, their O accumulator and softmax state, and the
 // per-tile math (S = Q·Kᵀ, mask, online softmax, O += P·V) every pipeline shares.
-template <class T, class Cfg>
+// kTransformed: softcap and/or ALiBi, through LogitsTransform::apply (the softcap's tanh on
+// the SFU, tanh.approx); without it the logits are scale·q·k and the scale is folded into
+// the exp2.
+template <class T, class Cfg, bool kTransformed>
 struct ConsumerWarpgroup {
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr float kLog2e = 1.4426950408889634f;
@@ -282,17 +297,29 @@ struct ConsumerWarpgroup {
   // partial sum l over its columns (the quad's four partials add up to the row's l).
   SoftmaxState<float> state[2];
   float scale, scale_log2;
+  LogitsTransform<float> logits;  // this (batch, head)'s softcap and ALiBi slope
+  bool softcap_on, alibi_on;      // which of the two kTransformed applies
 
-  __device__ __forceinline__ ConsumerWarpgroup(int consumer_index, float p_scale)
-      : row0(consumer_index * kWarpgroupRows) {
+  __device__ __forceinline__ ConsumerWarpgroup(int consumer_index, const AttentionParams& p,
+                                               const CtaWork& work)
+      : row0(consumer_index * kWarpgroupRows),
+        logits(logits_transform<float>(p, work.b, work.h)),
+        softcap_on(p.softcap != 0.0f),
+        alibi_on(p.alibi_slopes != nullptr) {
 #pragma unroll
     for (int r = 0; r < Cfg::kORegs; ++r) o[r] = 0.0f;
     state[0] = state[1] = {kNegInf, 0.0f};
-    // The softmax folds the scale into its exp2, so the max of the raw scores must be the
-    // max of the logits: a negative scale is moved into Q by flip_q_sign (exact). scale_log2
-    // stays above 0 so that a masked score (-inf) still gives 2^-inf = 0.
-    scale = fabsf(p_scale);
+    // The plain softmax folds the scale into its exp2, so the max of the raw scores must be
+    // the max of the logits: a negative scale is moved into Q by flip_q_sign (exact).
+    // scale_log2 stays above 0 so that a masked score (-inf) still gives 2^-inf = 0.
+    scale = fabsf(p.scale);
     scale_log2 = fmaxf(scale * kLog2e, FLT_MIN);
+  }
+
+  // Whether the caller must flip Q's sign first (plain logits with a negative scale; the
+  // transformed ones apply the scale, of either sign, themselves).
+  __device__ __forceinline__ static bool needs_q_sign_flip(const AttentionParams& p) {
+    return !kTransformed && p.scale < 0.0f;
   }
 
   // Flips the sign bits of this warpgroup's rows of Q (every thread of the warpgroup), then
@@ -326,6 +353,7 @@ struct ConsumerWarpgroup {
   // alpha, for rescale_o (which may wait for a P·V still in flight).
   __device__ __forceinline__ void softmax(const CtaWork& work, int n_block, float (&alpha)[2]) {
     const int n0 = n_block * kBlockN;
+    if constexpr (kTransformed) transform_scores(work, n0);
     // Only the tiles key_blocks() names hold keys some row must not see (the diagonal, the
     // window's edges, the end of K). Register r is row frag.row((r / 2) % 2), key col(r).
     if (work.blocks.needs_mask(n_block)) {
@@ -344,10 +372,13 @@ struct ConsumerWarpgroup {
       // The quad's four lanes hold the row's columns.
       row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
       row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
-      const float block_max = row_max == kNegInf ? kNegInf : row_max * scale;  // natural units
+      // Natural units: the logits' max (plain: scale · the raw scores' max).
+      const float block_max = kTransformed || row_max == kNegInf ? row_max : row_max * scale;
       SoftmaxState<float>& st = state[half];
       alpha[half] = online_softmax_rescale(st, block_max);
-      // P = exp(scale·s - m) = 2^(s·scale·log2e - m·log2e): one FFMA + one MUFU.EX2.
+      // P = exp(scale·s - m) = 2^(s·scale·log2e - m·log2e): one FFMA + one MUFU.EX2 (the
+      // transformed logits are already scaled).
+      const float to_log2 = kTransformed ? kLog2e : scale_log2;
       const float shift = safe_shift(st.m) * kLog2e;
       float row_sum = 0.0f;
 #pragma unroll
@@ -355,10 +386,28 @@ struct ConsumerWarpgroup {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s[4 * c + 2 * half + e];
-          x = ptx::exp2_approx(fmaf(x, scale_log2, -shift));
+          x = ptx::exp2_approx(fmaf(x, to_log2, -shift));
           row_sum += x;
         }
       st.l += row_sum;
+    }
+  }
+
+  // Raw scores -> logits (kTransformed), before the mask: the feature pair is chosen once
+  // per tile (uniform over the CTA) rather than per score.
+  __device__ __forceinline__ void transform_scores(const CtaWork& work, int n0) {
+    if (softcap_on)
+      alibi_on ? apply_logits<true, true>(work, n0) : apply_logits<true, false>(work, n0);
+    else
+      alibi_on ? apply_logits<false, true>(work, n0) : apply_logits<false, false>(work, n0);
+  }
+  template <bool kSoftcap, bool kAlibi>
+  __device__ __forceinline__ void apply_logits(const CtaWork& work, int n0) {
+#pragma unroll
+    for (int r = 0; r < Cfg::kSRegs; ++r) {
+      const int row = work.row_start + row0 + frag.row((r / 2) % 2);
+      s[r] = logits.template apply<kSoftcap, kAlibi>(s[r], work.mask, row, n0 + frag.col(r),
+                                                     ptx::TanhApprox{});
     }
   }
 
@@ -390,17 +439,23 @@ struct ConsumerWarpgroup {
   }
 
   // One K/V tile (key block n_block), both in shared memory, every wgmma waited for at
-  // once: what steps 4.1-4.3 run.
+  // once: what steps 4.1-4.3 run. scores_done() runs once S has landed (K is no longer
+  // read), values_needed() before P·V is issued (step 4.3 waits for V there).
+  template <class ScoresDone = NoHook, class ValuesNeeded = NoHook>
   __device__ __forceinline__ void tile(uint32_t smem_q, uint32_t k_tile, uint32_t v_tile,
-                                       const CtaWork& work, int n_block) {
+                                       const CtaWork& work, int n_block,
+                                       ScoresDone&& scores_done = {},
+                                       ValuesNeeded&& values_needed = {}) {
     issue_scores(smem_q, k_tile);
     ptx::wgmma_wait<0>();
     fence_registers(s);
+    scores_done();
     float alpha[2];
     softmax(work, n_block, alpha);
     rescale_o(alpha);
     uint32_t p_frag[Cfg::kPVSteps][4];
     pack_p(p_frag);
+    values_needed();
     issue_pv(p_frag, v_tile);
     ptx::wgmma_wait<0>();
     fence_registers(o);
@@ -458,7 +513,7 @@ __device__ __forceinline__ int turn_barrier_id(int consumer_index) { return 3 + 
 // Steps 4.1 and 4.2: every thread computes; the ring is refilled by cp.async (every thread)
 // or by TMA (one thread), with one __syncthreads per tile. Plain logits (scale·q·k) with
 // any mask, sinks, dense or varlen (cp_async only).
-template <class T, class Cfg, bool kTma>
+template <class T, class Cfg, bool kTma, bool kTransformed>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     sm90_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
@@ -473,7 +528,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   if constexpr (kTma) {
     if (tma_issuer) {
       ptx::mbarrier_init(smem.q_barrier(), 1);
-      for (int stage = 0; stage < kStages; ++stage) ptx::mbarrier_init(smem.full_barrier(stage), 1);
+      for (int stage = 0; stage < kStages; ++stage) ptx::mbarrier_init(smem.k_full(stage), 1);
       ptx::mbarrier_init_fence();
       ptx::mbarrier_arrive_expect_tx(smem.q_barrier(), Cfg::kQBytes);
       tma_load_tile<Cfg>(smem.q, &maps.q, smem.q_barrier(), kBlockM,
@@ -492,10 +547,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const int stage = tile % kStages;
     if constexpr (kTma) {
       if (tma_issuer && tile < n_tiles) {
-        ptx::mbarrier_arrive_expect_tx(smem.full_barrier(stage), 2 * Cfg::kTileBytes);
-        tma_load_tile<Cfg>(smem.k_stage(stage), &maps.k, smem.full_barrier(stage), kBlockN,
+        ptx::mbarrier_arrive_expect_tx(smem.k_full(stage), 2 * Cfg::kTileBytes);
+        tma_load_tile<Cfg>(smem.k_stage(stage), &maps.k, smem.k_full(stage), kBlockN,
                            work.seq.k_start + n0, work.hk, work.b);
-        tma_load_tile<Cfg>(smem.v_stage(stage), &maps.v, smem.full_barrier(stage), kBlockN,
+        tma_load_tile<Cfg>(smem.v_stage(stage), &maps.v, smem.k_full(stage), kBlockN,
                            work.seq.k_start + n0, work.hk, work.b);
       }
     } else {
@@ -512,12 +567,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue_tile(s);
 
-  ConsumerWarpgroup<T, Cfg> wg(consumer, p.scale);
+  using Consumer = ConsumerWarpgroup<T, Cfg, kTransformed>;
+  Consumer wg(consumer, p, work);
   if constexpr (kTma)
     ptx::mbarrier_wait(smem.q_barrier(), 0);
   else
     ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
-  if (p.scale < 0.0f) {
+  if (Consumer::needs_q_sign_flip(p)) {
     __syncthreads();  // every thread's part of Q has landed
     wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
   }
@@ -527,7 +583,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       __syncthreads();  // every warpgroup is done with the oldest stage
       issue_tile(tile + kStages - 1);
       // This tile's K and V have landed: phase tile / kStages of its stage's barrier.
-      ptx::mbarrier_wait(smem.full_barrier(tile % kStages), (tile / kStages) % 2);
+      ptx::mbarrier_wait(smem.k_full(tile % kStages), (tile / kStages) % 2);
     } else {
       ptx::cp_async_wait<kStages - 2>();  // this tile's K and V have landed (this thread's)
       ptx::fence_proxy_async_shared();    // ... visible to wgmma
@@ -556,7 +612,7 @@ inline constexpr int kWsThreads = Cfg::kThreads + kWarpgroupThreads;
 // P_j.
 // kPingPong (step 4.5, with kOverlap): the two consumer warpgroups take turns to issue
 // their GEMMs (named barriers, 3 + c), so one's softmax runs under the other's GEMMs.
-template <class T, class Cfg, bool kOverlap, bool kPingPong>
+template <class T, class Cfg, bool kOverlap, bool kPingPong, bool kTransformed>
 __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     sm90_ws_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
@@ -575,8 +631,10 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(smem.q_barrier(), 1);
     for (int stage = 0; stage < kStages; ++stage) {
-      ptx::mbarrier_init(smem.full_barrier(stage), 1);
-      ptx::mbarrier_init(smem.empty_barrier(stage), kConsumerWarps);
+      ptx::mbarrier_init(smem.k_full(stage), 1);
+      ptx::mbarrier_init(smem.v_full(stage), 1);
+      ptx::mbarrier_init(smem.k_empty(stage), kConsumerWarps);
+      ptx::mbarrier_init(smem.v_empty(stage), kConsumerWarps);
     }
     ptx::mbarrier_init_fence();
   }
@@ -590,13 +648,18 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
                          work.seq.q_start + work.row_start, work.h, work.b);
       for (int tile = 0; tile < n_tiles; ++tile) {
         const int stage = tile % kStages;
-        // The stage's previous tile (tile - kStages) is released: its phase tile/kStages - 1.
-        if (tile >= kStages) ptx::mbarrier_wait(smem.empty_barrier(stage), (tile / kStages + 1) % 2);
         const int n0 = work.key_block(tile) * kBlockN;
-        ptx::mbarrier_arrive_expect_tx(smem.full_barrier(stage), 2 * Cfg::kTileBytes);
-        tma_load_tile<Cfg>(smem.k_stage(stage), &maps.k, smem.full_barrier(stage), kBlockN,
+        // The stage's previous K and V (tile - kStages) are released: phase tile/kStages - 1
+        // of their empty barriers. K is waited for alone, so it lands while V still feeds
+        // the previous tile's P·V.
+        const uint32_t released = (tile / kStages + 1) % 2;
+        if (tile >= kStages) ptx::mbarrier_wait(smem.k_empty(stage), released);
+        ptx::mbarrier_arrive_expect_tx(smem.k_full(stage), Cfg::kTileBytes);
+        tma_load_tile<Cfg>(smem.k_stage(stage), &maps.k, smem.k_full(stage), kBlockN,
                            work.seq.k_start + n0, work.hk, work.b);
-        tma_load_tile<Cfg>(smem.v_stage(stage), &maps.v, smem.full_barrier(stage), kBlockN,
+        if (tile >= kStages) ptx::mbarrier_wait(smem.v_empty(stage), released);
+        ptx::mbarrier_arrive_expect_tx(smem.v_full(stage), Cfg::kTileBytes);
+        tma_load_tile<Cfg>(smem.v_stage(stage), &maps.v, smem.v_full(stage), kBlockN,
                            work.seq.k_start + n0, work.hk, work.b);
       }
     }
@@ -605,21 +668,26 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
 
   ptx::setmaxnreg_inc<kConsumerRegisters>();
   const int consumer = warpgroup - 1;
-  ConsumerWarpgroup<T, Cfg> wg(consumer, p.scale);
+  using Consumer = ConsumerWarpgroup<T, Cfg, kTransformed>;
+  Consumer wg(consumer, p, work);
   ptx::mbarrier_wait(smem.q_barrier(), 0);
-  if (p.scale < 0.0f) wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
-  auto wait_full = [&](int tile) {
-    ptx::mbarrier_wait(smem.full_barrier(tile % kStages), (tile / kStages) % 2);
+  if (Consumer::needs_q_sign_flip(p)) wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
+  const auto phase = [](int tile) { return uint32_t(tile / kStages) % 2; };
+  auto wait_k = [&](int tile) { ptx::mbarrier_wait(smem.k_full(tile % kStages), phase(tile)); };
+  auto wait_v = [&](int tile) { ptx::mbarrier_wait(smem.v_full(tile % kStages), phase(tile)); };
+  // One arrival per consumer warp, once its wgmma have finished reading the tile.
+  auto release_k = [&](int tile) {
+    if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.k_empty(tile % kStages));
   };
-  auto release = [&](int tile) {
-    if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.empty_barrier(tile % kStages));
+  auto release_v = [&](int tile) {
+    if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.v_empty(tile % kStages));
   };
   if constexpr (!kOverlap) {
     for (int tile = 0; tile < n_tiles; ++tile) {
-      wait_full(tile);
+      wait_k(tile);
       wg.tile(smem.q, smem.k_stage(tile % kStages), smem.v_stage(tile % kStages), work,
-              work.key_block(tile));
-      release(tile);
+              work.key_block(tile), [&] { release_k(tile); }, [&] { wait_v(tile); });
+      release_v(tile);
     }
   } else if (n_tiles > 0) {
     static_assert(!kPingPong || Cfg::kWarpgroups == 2, "ping-pong alternates two consumers");
@@ -639,38 +707,48 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     if constexpr (kPingPong)
       if (consumer == 1) ptx::named_barrier_arrive(turn_barrier_id(0), kBothConsumers);
     uint32_t p_frag[Cfg::kPVSteps][4];  // P of the previous tile, the A operand of its P·V
+    // The previous softmax's rescale factors: O is rescaled just before the P·V that adds
+    // that tile, under the S GEMM in flight, so that after the last wait only the packing
+    // of P remains (on the first tile O is 0 and alpha 0 or 1).
     float alpha[2];
-    wait_full(0);
+    wait_k(0);
     take_turn();
     wg.issue_scores(smem.q, smem.k_stage(0));
     hand_over(false);
     ptx::wgmma_wait<0>();
     fence_registers(wg.s);
-    wg.softmax(work, work.key_block(0), alpha);  // O is still 0: no rescale
+    release_k(0);
+    wg.softmax(work, work.key_block(0), alpha);
     wg.pack_p(p_frag);
+    if (n_tiles > 1) wait_k(1);
     for (int tile = 1; tile < n_tiles; ++tile) {
-      wait_full(tile);
       take_turn();
       wg.issue_scores(smem.q, smem.k_stage(tile % kStages));
+      wg.rescale_o(alpha);
+      wait_v(tile - 1);
       wg.issue_pv(p_frag, smem.v_stage((tile - 1) % kStages));
       hand_over(false);
       ptx::wgmma_wait<1>();  // S of this tile (the older group) has landed
       fence_registers(wg.s);
-      // The PTX has every exp2 of this softmax before the wait below; ptxas 13.0 schedules
-      // half of them after it (cuobjdump), so only half the softmax overlaps the P·V.
+      release_k(tile);
       wg.softmax(work, work.key_block(tile), alpha);
+      // The next K is waited for here rather than at the top of the loop: its wait loop
+      // keeps ptxas from scheduling the second row half's exp2 after the wait below, out
+      // from under the P·V (it does without it, cuobjdump; a bar.sync does not stop it).
+      if (tile + 1 < n_tiles) wait_k(tile + 1);
       ptx::wgmma_wait<0>();  // ... and O += P·V of the previous tile
       fence_registers(wg.o);
-      release(tile - 1);
-      wg.rescale_o(alpha);
+      release_v(tile - 1);
       wg.pack_p(p_frag);
     }
     take_turn();
+    wg.rescale_o(alpha);
+    wait_v(n_tiles - 1);
     wg.issue_pv(p_frag, smem.v_stage((n_tiles - 1) % kStages));
     hand_over(true);
     ptx::wgmma_wait<0>();
     fence_registers(wg.o);
-    release(n_tiles - 1);
+    release_v(n_tiles - 1);
   }
   wg.epilogue(p, work, smem.base, consumer_barrier_id(consumer));
 }
@@ -683,42 +761,31 @@ void set_smem_limit(Kernel* kernel, int bytes) {
 
 // Launches one pipeline on `stream`; the grid covers the longest sequence (p.seqlen_q) of
 // every (head, batch entry).
-template <class T, class Cfg>
+template <class T, class Cfg, bool kTransformed>
 void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline pipeline,
                         cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+  auto launch = [&](auto* kernel, int threads) {
+    set_smem_limit(kernel, Cfg::kSmemBytes);
+    kernel<<<grid, threads, Cfg::kSmemBytes, stream>>>(p, maps);
+  };
   switch (pipeline) {
-    case Pipeline::cp_async: {
-      auto* kernel = &sm90_forward_kernel<T, Cfg, false>;
-      set_smem_limit(kernel, Cfg::kSmemBytes);
-      kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
+    case Pipeline::cp_async:
+      launch(&sm90_forward_kernel<T, Cfg, false, kTransformed>, Cfg::kThreads);
       break;
-    }
-    case Pipeline::tma: {
-      auto* kernel = &sm90_forward_kernel<T, Cfg, true>;
-      set_smem_limit(kernel, Cfg::kSmemBytes);
-      kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
+    case Pipeline::tma:
+      launch(&sm90_forward_kernel<T, Cfg, true, kTransformed>, Cfg::kThreads);
       break;
-    }
-    case Pipeline::tma_warp_specialized: {
-      auto* kernel = &sm90_ws_forward_kernel<T, Cfg, false, false>;
-      set_smem_limit(kernel, Cfg::kSmemBytes);
-      kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps);
+    case Pipeline::tma_warp_specialized:
+      launch(&sm90_ws_forward_kernel<T, Cfg, false, false, kTransformed>, kWsThreads<Cfg>);
       break;
-    }
-    case Pipeline::tma_warp_specialized_overlap: {
-      auto* kernel = &sm90_ws_forward_kernel<T, Cfg, true, false>;
-      set_smem_limit(kernel, Cfg::kSmemBytes);
-      kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps);
+    case Pipeline::tma_warp_specialized_overlap:
+      launch(&sm90_ws_forward_kernel<T, Cfg, true, false, kTransformed>, kWsThreads<Cfg>);
       break;
-    }
-    case Pipeline::tma_ping_pong: {
-      auto* kernel = &sm90_ws_forward_kernel<T, Cfg, true, true>;
-      set_smem_limit(kernel, Cfg::kSmemBytes);
-      kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps);
+    case Pipeline::tma_ping_pong:
+      launch(&sm90_ws_forward_kernel<T, Cfg, true, true, kTransformed>, kWsThreads<Cfg>);
       break;
-    }
   }
   check_launch("cuda_sm90 forward kernel");
 }
@@ -733,10 +800,17 @@ void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
                    encode_dense_maps(p, Cfg::kBlockM, Cfg::kBlockN, maps);
   if (pinned && *pinned != Pipeline::cp_async && !tma)
     throw Error(ErrorKind::unsupported, "cuda_sm90: the TMA maps of this call cannot be encoded");
-  // Dense calls take step 4.3: 4.4 and 4.5 measured 15-24% slower (docs/JOURNEY.md).
-  const Pipeline pipeline =
-      pinned ? *pinned : tma ? Pipeline::tma_warp_specialized : Pipeline::cp_async;
-  launch_sm90_kernel<T, Cfg>(p, maps, pipeline, stream);
+  // Dense calls: full and causal ones take the head dim's measured choice (traits.cuh);
+  // windows step 4.3 (few key tiles per CTA, like short causal calls; 4.4/4.5 not measured).
+  const bool window = p.has_mask() && !p.is_causal();
+  const Pipeline pipeline = pinned ? *pinned
+                            : !tma ? Pipeline::cp_async
+                            : window ? Pipeline::tma_warp_specialized
+                                     : Cfg::dense_pipeline(p);
+  if (p.softcap != 0.0f || p.alibi_slopes != nullptr)
+    launch_sm90_kernel<T, Cfg, true>(p, maps, pipeline, stream);
+  else
+    launch_sm90_kernel<T, Cfg, false>(p, maps, pipeline, stream);
 }
 
 }  // namespace flashtile::detail::sm90

@@ -135,7 +135,7 @@ std::vector<float> run_pv(const std::vector<float>& p, const std::vector<float>&
 
 [[noreturn]] void bad_probe_dim(int d) {
   throw Error(ErrorKind::invalid_argument,
-              "sm90 probe: d must be 64 or 128; got " + std::to_string(d));
+              "sm90 probe: d must be 64, 128 or 256; got " + std::to_string(d));
 }
 
 }  // namespace
@@ -144,6 +144,7 @@ std::vector<float> probe_qk(bool bf16, int d, const std::vector<float>& a,
                             const std::vector<float>& b) {
   if (d == 64) return bf16 ? run_qk<__nv_bfloat16, 64>(a, b) : run_qk<__half, 64>(a, b);
   if (d == 128) return bf16 ? run_qk<__nv_bfloat16, 128>(a, b) : run_qk<__half, 128>(a, b);
+  if (d == 256) return bf16 ? run_qk<__nv_bfloat16, 256>(a, b) : run_qk<__half, 256>(a, b);
   bad_probe_dim(d);
 }
 
@@ -151,6 +152,7 @@ std::vector<float> probe_pv(bool bf16, int d, const std::vector<float>& p,
                             const std::vector<float>& v) {
   if (d == 64) return bf16 ? run_pv<__nv_bfloat16, 64>(p, v) : run_pv<__half, 64>(p, v);
   if (d == 128) return bf16 ? run_pv<__nv_bfloat16, 128>(p, v) : run_pv<__half, 128>(p, v);
+  if (d == 256) return bf16 ? run_pv<__nv_bfloat16, 256>(p, v) : run_pv<__half, 256>(p, v);
   bad_probe_dim(d);
 }
 

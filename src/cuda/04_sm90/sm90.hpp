@@ -18,9 +18,9 @@ void run_forward(const AttentionParams& p, void* stream);
 // Device probes of the kernel's own pieces (its shared-memory layout, descriptors and
 // fragment maps), for the unit tests. Inputs and outputs are row-major host arrays; 16-bit
 // inputs are given as floats already representable in T (bf16 when `bf16`, else fp16).
-//  qk: S (64 x n) = A (64 x d) · B (n x d)ᵀ, one wgmma ss per k-step (n = 128, d = 64 or 128);
+//  qk: S (64 x n) = A (64 x d) · B (n x d)ᵀ, one wgmma ss per k-step (n = 128, d = 64, 128 or 256);
 //  pv: O (64 x d) = P (64 x n) · V (n x d), P packed from an accumulator-shaped register
-//      array into A fragments, V read MN-major (n = 128, d = 64 or 128).
+//      array into A fragments, V read MN-major (n = 128, d = 64, 128 or 256).
 std::vector<float> probe_qk(bool bf16, int d, const std::vector<float>& a,
                             const std::vector<float>& b);
 std::vector<float> probe_pv(bool bf16, int d, const std::vector<float>& p,

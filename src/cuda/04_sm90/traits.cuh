@@ -14,11 +14,40 @@ struct Sm90Traits;
 // The first choice, not yet swept: two consumer warpgroups (128 query rows) share 128-key
 // tiles, two stages (plus the producer warpgroup in steps 4.3-4.5). d=128: 32 KB of Q +
 // 2·2·32 KB of K/V = 160 KB, one CTA per SM; d=64: 80 KB. A third stage fits at both
-// (d=128: 224 KB of the 227 KB) and is the first thing to try for steps 4.4/4.5.
+// (d=128: 224 KB of the 227 KB); with K and V on their own barriers (step 4.4) two suffice.
+//
+// dense_pipeline(p): the pipeline a dense full or causal call takes, from the grid measured
+// in one H200 call (bf16, seqlen 512-16k; docs/JOURNEY.md, step 4.4 on split barriers):
+// the overlapped pipelines (4.4, 4.5) pay where a CTA walks many key tiles and lose on short
+// causal calls, whose diagonal blocks walk few (their first S and last P·V run alone).
 template <>
-struct Sm90Traits<64> : Sm90Config<64, 128, 2, 2, 1> {};
+struct Sm90Traits<64> : Sm90Config<64, 128, 2, 2, 1> {
+  // 4.3: 4.4 and 4.5 measured 1-14% slower at 4k-16k (most at causal 4k), 4.4 up to 33%
+  // slower at 512-2k causal.
+  static Pipeline dense_pipeline(const AttentionParams&) { return Pipeline::tma_warp_specialized; }
+};
 template <>
-struct Sm90Traits<128> : Sm90Config<128, 128, 2, 2, 1> {};
+struct Sm90Traits<128> : Sm90Config<128, 128, 2, 2, 1> {
+  // Full: 4.5 from 4k (+6-9% over 4.3), 4.4 below (+2-3%; 4.5 not measured there).
+  // Causal: 4.5 from 8k (+4-6% at 16k, even with 4.3 at 4k), 4.3 below (4.4 9-26% slower
+  // at 512-2k).
+  static Pipeline dense_pipeline(const AttentionParams& p) {
+    if (p.is_causal())
+      return p.seqlen_k >= 8192 ? Pipeline::tma_ping_pong : Pipeline::tma_warp_specialized;
+    return p.seqlen_k >= 4096 ? Pipeline::tma_ping_pong : Pipeline::tma_warp_specialized_overlap;
+  }
+};
+// d=256: 64-key tiles, so S (32 registers) and O (128) fit the consumers' 240 registers;
+// 64 KB of Q + 2·2·32 KB of K/V = 192 KB.
+template <>
+struct Sm90Traits<256> : Sm90Config<256, 64, 2, 2, 1> {
+  // 4.4: +3-8% over 4.3 full at every length and causal from 2k; 4.3 causal below 2k (4.4
+  // 2-5% slower). 4.5 within 3% of 4.4 at 4k-16k.
+  static Pipeline dense_pipeline(const AttentionParams& p) {
+    return p.is_causal() && p.seqlen_k < 2048 ? Pipeline::tma_warp_specialized
+                                              : Pipeline::tma_warp_specialized_overlap;
+  }
+};
 
 template <class T, int kHeadDim>
 void run_sm90_forward(const AttentionParams& p, cudaStream_t stream, std::optional<Pipeline> pinned) {
@@ -33,5 +62,6 @@ void run_sm90_forward(const AttentionParams& p, cudaStream_t stream, std::option
                                                 std::optional<Pipeline>);
 FLASHTILE_SM90_INSTANTIATIONS(extern, 64)
 FLASHTILE_SM90_INSTANTIATIONS(extern, 128)
+FLASHTILE_SM90_INSTANTIATIONS(extern, 256)
 
 }  // namespace flashtile::detail::sm90
