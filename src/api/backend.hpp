@@ -27,6 +27,8 @@ struct BackendEntry {
   // scratch) is sized by the same function it allocates with.
   int64_t (*backward_workspace_bytes)(const BackwardParams&) = nullptr;
   void (*run_backward)(const BackwardParams&) = nullptr;
+  // What the backward refuses beyond unsupported_reason (null: nothing more), or "".
+  std::string (*backward_unsupported_reason)(const BackwardParams&) = nullptr;
 };
 
 inline int64_t no_workspace(const AttentionParams&) { return 0; }
