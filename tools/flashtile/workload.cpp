@@ -142,25 +142,28 @@ double cpu_median_ms(Call&& call, const TimingSettings& settings) {
   return detail::median(times);
 }
 
+// CUDA-event timing of call() on `device` (forward and backward alike).
+template <class Call>
+double gpu_median_ms(int device, Call&& call, const TimingSettings& settings) {
+  using Clock = std::chrono::steady_clock;
+  // An idle GPU sits at low clocks; keep it busy for a while before the timed calls so
+  // that every backend is measured at the clocks it would see under load.
+  constexpr double kSpinUpSeconds = 0.3;
+  const auto spin_start = Clock::now();
+  do {
+    call();
+    cuda_synchronize(device);
+  } while (std::chrono::duration<double>(Clock::now() - spin_start).count() < kSpinUpSeconds);
+  DeviceBuffer flush(settings.flush_l2 ? (size_t(256) << 20) : 1, device);
+  return cuda_median_ms(device, settings.warmup, settings.repeats, call, [&] {
+    if (settings.flush_l2) flush.fill_bytes(0x5A);
+  });
+}
+
 double median_ms(Workload& work, Backend backend, const TimingSettings& settings) {
   const Call c = make_call(work, backend);
   auto call = [&] { run_call(c); };
-  using Clock = std::chrono::steady_clock;
-  if (on_gpu(backend_device(backend))) {
-    const int device = c.q.device.index;
-    // An idle GPU sits at low clocks; keep it busy for a while before the timed calls so
-    // that every backend is measured at the clocks it would see under load.
-    constexpr double kSpinUpSeconds = 0.3;
-    const auto spin_start = Clock::now();
-    do {
-      call();
-      cuda_synchronize(device);
-    } while (std::chrono::duration<double>(Clock::now() - spin_start).count() < kSpinUpSeconds);
-    DeviceBuffer flush(settings.flush_l2 ? (size_t(256) << 20) : 1, device);
-    return cuda_median_ms(device, settings.warmup, settings.repeats, call, [&] {
-      if (settings.flush_l2) flush.fill_bytes(0x5A);
-    });
-  }
+  if (on_gpu(backend_device(backend))) return gpu_median_ms(c.q.device.index, call, settings);
   return cpu_median_ms(call, settings);
 }
 
@@ -283,6 +286,9 @@ double median_backward_ms(Workload& work, Backend backend, const TimingSettings&
     if (with_forward) run_call(forward_call);
     call_backward(c);
   };
+  // A CUDA backward runs asynchronously: host clocks would time its launches only.
+  if (on_gpu(backend_device(backend)))
+    return gpu_median_ms(forward_call.q.device.index, call, settings);
   return cpu_median_ms(call, settings);
 }
 
