@@ -134,7 +134,8 @@ void run_mma_backward(const BackwardParams& bp) {
   // Stream-ordered: the allocation is reused by the pool across calls, and freed after the
   // passes that read it.
   void* workspace = nullptr;
-  check_cuda(cudaMallocAsync(&workspace, size_t(bytes), stream), "cudaMallocAsync(workspace)");
+  if (bytes > 0)
+    check_cuda(cudaMallocAsync(&workspace, size_t(bytes), stream), "cudaMallocAsync(workspace)");
   try {
     switch (mma::backward_head_dim(bp.fwd.head_dim)) {
       case 64: run_backward_for_dtype<64>(bp, workspace, stream); break;
@@ -143,10 +144,11 @@ void run_mma_backward(const BackwardParams& bp) {
         throw Error(ErrorKind::unsupported, mma_backward_unsupported(bp));
     }
   } catch (...) {
-    cudaFreeAsync(workspace, stream);
+    if (workspace != nullptr) cudaFreeAsync(workspace, stream);
     throw;
   }
-  check_cuda(cudaFreeAsync(workspace, stream), "cudaFreeAsync(workspace)");
+  if (workspace != nullptr)
+    check_cuda(cudaFreeAsync(workspace, stream), "cudaFreeAsync(workspace)");
 }
 
 }  // namespace

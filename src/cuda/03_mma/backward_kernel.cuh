@@ -361,6 +361,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const float scale_log2 = p.scale * kLog2e;
   const int dq_mtile = warp % Cfg::kDqMTiles;
   const int dq_col0 = (warp / Cfg::kDqMTiles) * Cfg::kDqDTiles * 8;
+  // dQ's column offsets depend on the warp (a run-time value): computed once here, as
+  // SwizzledPairs' table indexed at run time would live in local memory.
+  auto swizzled_chunk = [&](int chunk) {
+    return static_cast<uint32_t>(((chunk & ~7) + ((chunk & 7) ^ (lane % 8))) * 16);
+  };
+  const uint32_t ds_cols = swizzled_chunk(2 * dq_mtile + (lane / 8) % 2);
+  uint32_t dq_k_cols[Cfg::kDqDTiles / 2];
+#pragma unroll
+  for (int dp = 0; dp < Cfg::kDqDTiles / 2; ++dp)
+    dq_k_cols[dp] = swizzled_chunk(dq_col0 / 8 + 2 * dp + lane / 16);
 
   for (int s = 0; s < steps; ++s) {
     ptx::cp_async_wait<0>();  // step s's tiles (and K, V) have landed for this thread
@@ -478,12 +488,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
     for (int ks = 0; ks < Cfg::kKeySteps; ++ks) {
       uint32_t a[4];
-      ptx::ldmatrix_x4_trans(a, smem_ds + (bn_lane_row + ks * 16) * kDsRowBytes + bn_cols(dq_mtile));
+      ptx::ldmatrix_x4_trans(a, smem_ds + (bn_lane_row + ks * 16) * kDsRowBytes + ds_cols);
 #pragma unroll
       for (int dp = 0; dp < Cfg::kDqDTiles / 2; ++dp) {
         uint32_t kb[4];
-        ptx::ldmatrix_x4_trans(kb, smem_k + (bk_lane_row + ks * 16) * kRowBytes +
-                                       bk_cols(dq_col0 / 16 + dp));
+        ptx::ldmatrix_x4_trans(kb, smem_k + (bk_lane_row + ks * 16) * kRowBytes + dq_k_cols[dp]);
         ptx::mma_m16n8k16<T>(dq[2 * dp], a, kb[0], kb[1]);
         ptx::mma_m16n8k16<T>(dq[2 * dp + 1], a, kb[2], kb[3]);
       }
