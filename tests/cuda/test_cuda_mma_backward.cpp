@@ -7,7 +7,10 @@
 // (nothing written). Every test skips without a CUDA device (CI).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <optional>
 #include <vector>
 
@@ -89,10 +92,28 @@ struct DeviceBackward {
   }
 };
 
+// The largest error / bound ratio over dq, dk, dv (how close to the rule a suite came),
+// printed once at exit.
+struct Margin {
+  double worst = 0;
+  std::string worst_case;
+  void add(const BackwardCase& c, const GradientVerification& v) {
+    for (auto [err, bound] : {std::pair{v.dq_error, v.dq_bound}, std::pair{v.dk_error, v.dk_bound},
+                              std::pair{v.dv_error, v.dv_bound}})
+      if (bound > 0 && err / bound > worst) worst = err / bound, worst_case = c.fwd.shape.describe();
+  }
+  ~Margin() {
+    if (!worst_case.empty())
+      std::printf("[margin] worst gradient err/bound %.3f (%s)\n", worst, worst_case.c_str());
+  }
+};
+Margin margin;
+
 void expect_passes(const Shape& s, uint32_t seed = 1234) {
   BackwardCase c(s, seed);
   DeviceBackward d(c);
   d.run(c);
+  margin.add(c, c.verify());
   EXPECT_TRUE(testing::gradients_match(c));
 }
 
@@ -226,7 +247,7 @@ TEST(CudaMmaBackward, DeterministicIsBitwiseEqualOver100Runs) {
 // The atomic mode's dQ adds come in any order: each run stays within the rule.
 TEST(CudaMmaBackward, AtomicModeStaysWithinTheRuleOverRuns) {
   SKIP_WITHOUT_MMA_DEVICE();
-  Shape s = shape_of(DType::f16, 1, 1025, 1023, 4, 1, 64);
+  Shape s = shape_of(DType::f16, 1, 515, 513, 4, 1, 64);
   s.window = {300, 40};
   BackwardCase c(s);
   DeviceBackward d(c);
