@@ -207,6 +207,8 @@ __global__ void __launch_bounds__(256) backward_rowsum_kernel(const BackwardPara
 }
 
 // dsinks[h] = the partials of head h summed over batch entries and blocks, in order.
+// (A template, as every kernel of this header, so that each TU's copy is a weak symbol.)
+template <class T>
 __global__ void backward_dsinks_kernel(const BackwardParams bp, const BackwardScratch ws) {
   const AttentionParams& p = bp.fwd;
   for (int64_t h = blockIdx.x * blockDim.x + threadIdx.x; h < p.heads_q; h += blockDim.x) {
@@ -698,7 +700,7 @@ void run_mma_backward_passes(const BackwardParams& bp, void* workspace, cudaStre
     check_launch("backward_dq_kernel");
   }
   if (bp.dsinks != nullptr) {
-    backward_dsinks_kernel<<<1, 256, 0, stream>>>(bp, ws);
+    backward_dsinks_kernel<T><<<1, 256, 0, stream>>>(bp, ws);
     check_launch("backward_dsinks_kernel");
   }
 }
