@@ -21,7 +21,7 @@
 //  3. backward_dq_kernel converts the fp32 dQ accumulator to q's dtype with dq's strides;
 //     backward_dsinks_kernel sums the sinks' partials in a fixed order.
 //
-// Layout conventions as kernel.cuh: lane = 4·g + t; a 16x8 fp32 accumulator tile holds
+// Layout conventions as kernel.cuh (shared pieces: pieces.cuh, tile_io.cuh): lane = 4·g + t; a 16x8 fp32 accumulator tile holds
 // rows g and g+8, columns 2t and 2t+1.
 #pragma once
 
@@ -37,7 +37,7 @@
 #include "attn/features.hpp"
 #include "attn/seqlen.hpp"
 #include "attn/variant.hpp"
-#include "cuda/03_mma/kernel.cuh"
+#include "cuda/03_mma/pieces.cuh"
 #include "cuda/03_mma/tile_io.cuh"
 #include "cuda/common.cuh"
 #include "cuda/ptx/mma.cuh"
