@@ -12,9 +12,15 @@ or CUDA events when Triton is missing. Inputs are BSHD in memory, as flashtile's
 
 flashtile: the CLI's `flashtile bench --sweep ... --output F.json` (every row checked
 against the oracle on sampled rows before it is timed). Prints the ratio table and writes
-peers.csv / peers.json to --out.
+peers.csv / peers.json to --out (peers_bwd.* / peers_fwdbwd.* for the other passes).
+
+--pass bwd times the backward alone: the peers' torch.autograd.grad of one SDPA output
+(retain_graph, so the forward runs once, outside the timing) and `flashtile bench --pass
+bwd`; FLOPs 2.5x the forward's, as FlashAttention counts them. --pass fwdbwd times the
+forward and the backward together (3.5x).
 
   python3 bench/peers.py --cli build/tools/flashtile --out bench/results
+  python3 bench/peers.py --pass bwd --head-dims 64,128 --dtype bf16 --seqlens 1024,4096,16384
 """
 import argparse
 import csv
@@ -39,6 +45,8 @@ PEERS = {
 }
 TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 JSON_DTYPES = {"bfloat16": "bf16", "float16": "f16", "bf16": "bf16", "f16": "f16"}
+# FLOPs of each pass in units of the forward's (FlashAttention's convention).
+PASS_FLOPS = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 
 
 def median_ms(fn, warmup_ms, rep_ms):
@@ -66,22 +74,37 @@ def run_peers(args):
                         return x.transpose(1, 2)
 
                     q, k, v = make(), make(), make()
+                    if args.pass_ != "fwd":
+                        q, k, v = (x.requires_grad_() for x in (q, k, v))
+                        dout = make()
                     for name in args.peers:
                         with sdpa_kernel([PEERS[name]]):
-                            fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                            sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                             try:
+                                if args.pass_ == "fwd":
+                                    fn = sdpa
+                                elif args.pass_ == "bwd":
+                                    out = sdpa()
+                                    fn = lambda: torch.autograd.grad(out, (q, k, v), dout,
+                                                                     retain_graph=True)
+                                else:
+                                    fn = lambda: torch.autograd.grad(sdpa(), (q, k, v), dout)
                                 ms = median_ms(fn, args.warmup_ms, args.rep_ms)
                             except RuntimeError as e:  # backend refuses the shape
                                 print(f"  {name} refused {dtype} d={d} s={s}: {str(e)[:80]}",
                                       file=sys.stderr)
                                 continue
-                        tf = flops(b, s, h, d, causal) / (ms * 1e-3) / 1e12
+                            finally:
+                                out = None
+                        tf = (PASS_FLOPS[args.pass_] * flops(b, s, h, d, causal)
+                              / (ms * 1e-3) / 1e12)
                         rows.append(dict(impl=name, dtype=dtype, head_dim=d, causal=causal,
                                          seqlen=s, batch=b, heads=h, ms=ms, tflops=tf))
                         print(f"{name:10s} {dtype:4s} d={d:<3d} {'causal' if causal else 'full':6s} "
                               f"s={s:<6d} {ms:8.3f} ms {tf:7.1f} TFLOP/s", file=sys.stderr,
                               flush=True)
                     del q, k, v
+                    dout = None
                     torch.cuda.empty_cache()
     return rows
 
@@ -95,7 +118,7 @@ def run_flashtile(args):
                    "--sweep-head-dims", ",".join(map(str, args.head_dims)),
                    "--sweep-seqlens", ",".join(map(str, args.seqlens)),
                    "--sweep-causal", ",".join("1" if c else "0" for c in args.causal),
-                   "--output", out]
+                   "--pass", args.pass_, "--output", out]
             print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
             subprocess.run(cmd, check=True)
             with open(out) as f:
@@ -159,6 +182,8 @@ def main():
     p.add_argument("--warmup-ms", type=float, default=25)
     p.add_argument("--rep-ms", type=float, default=75)
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--pass", dest="pass_", choices=list(PASS_FLOPS), default="fwd",
+                   help="fwd (default), bwd (the backward alone) or fwdbwd")
     args = p.parse_args()
 
     os.makedirs(args.out, exist_ok=True)
@@ -167,9 +192,10 @@ def main():
     print(f"device {env['device']}, torch {env['torch']}, CUDA {env['cuda']}", file=sys.stderr)
     rows = run_peers(args) + run_flashtile(args)
     text, table = ratio_table(rows, ["flashtile:" + b for b in args.backends])
-    with open(os.path.join(args.out, "peers.json"), "w") as f:
-        json.dump(dict(env=env, rows=rows, ratios=table), f, indent=1)
-    with open(os.path.join(args.out, "peers.csv"), "w", newline="") as f:
+    stem = "peers" if args.pass_ == "fwd" else "peers_" + args.pass_
+    with open(os.path.join(args.out, stem + ".json"), "w") as f:
+        json.dump({"env": env, "pass": args.pass_, "rows": rows, "ratios": table}, f, indent=1)
+    with open(os.path.join(args.out, stem + ".csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(table[0].keys()))
         w.writeheader()
         w.writerows(table)

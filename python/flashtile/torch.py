@@ -13,14 +13,15 @@
   dropout_p=0 (anything else is refused with ValueError).
 - ``flash_attn_func`` and ``flash_attn_varlen_func``: the signatures of flash_attn's.
 
-Gradients: for CPU tensors (float32, float16, bfloat16) the ops' backward calls
-flashtile's backward kernels (cpu_flash, O(N·d) memory) through two more custom ops,
+Gradients: for CPU tensors (float32, float16, bfloat16) and CUDA tensors (float16,
+bfloat16, head_dim <= 128) the ops' backward calls flashtile's backward kernels (cpu_flash;
+cuda_mma on the GPU; O(N·d) memory) through two more custom ops,
 ``torch.ops.flashtile.attention_backward`` and ``attention_backward_varlen``; the sinks'
-gradient comes from the kernels too. Three cases take the reference backward instead, a
+gradient comes from the kernels too. Other cases take the reference backward instead, a
 plain-torch implementation that materialises P (O(N^2) memory; for varlen
-O(total_q * total_k)): CUDA tensors (until the CUDA backward kernels exist), a gradient
-flowing into the returned lse (the kernels take none), and ALiBi slopes that require grad
-(the kernels give the slopes no gradient). float64 CPU tensors run the reference forward
+O(total_q * total_k)): CUDA tensors the CUDA kernels do not serve (float32, head_dim > 128),
+a gradient flowing into the returned lse (the kernels take none), and ALiBi slopes that
+require grad (the kernels give the slopes no gradient). float64 CPU tensors run the reference forward
 and backward in float64 (the library's kernels take 16/32-bit floats): the path
 torch.autograd.gradcheck checks. The reference stays the test oracle of the kernels.
 """
@@ -106,7 +107,8 @@ def _lse_dtype(q: torch.Tensor) -> torch.dtype:
 
 # --- the kernels' backward as ops ----------------------------------------------------------------
 
-@torch.library.custom_op("flashtile::attention_backward", mutates_args=(), device_types=("cpu",))
+@torch.library.custom_op("flashtile::attention_backward", mutates_args=(),
+                         device_types=("cpu", "cuda"))
 def _attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                            v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, causal: bool,
                            scale: Optional[float], window_left: int, window_right: int,
@@ -140,7 +142,7 @@ _attention_backward_op.register_fake(_backward_fake)
 
 
 @torch.library.custom_op("flashtile::attention_backward_varlen", mutates_args=(),
-                         device_types=("cpu",))
+                         device_types=("cpu", "cuda"))
 def _attention_backward_varlen_op(
         dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -280,14 +282,17 @@ def _window(causal: bool, left: int, right: int) -> tuple[int, int]:
 
 def _kernel_backend(backend: str) -> str:
     """The backward's backend: the forward's when it has a backward, else automatic."""
-    return backend if backend in ("cpu_flash", "cpu_reference") else "auto"
+    return backend if backend in ("cpu_flash", "cpu_reference", "cuda_mma") else "auto"
 
 
 def _use_kernels(ctx, q: torch.Tensor, grad_lse, slopes_index: int) -> bool:
     """Whether the kernels can give this backward (see the module docstring). Decided from
     devices, dtypes and which gradients exist, never from values, so tracing sees one path."""
-    return (q.device.type == "cpu" and q.dtype != torch.float64 and grad_lse is None
-            and not ctx.needs_input_grad[slopes_index])
+    if q.device.type == "cpu":
+        served = q.dtype != torch.float64
+    else:  # cuda_mma's backward: 16-bit, head_dim up to 128
+        served = q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 128
+    return served and grad_lse is None and not ctx.needs_input_grad[slopes_index]
 
 
 def _acc_dtype(q: torch.Tensor) -> torch.dtype:
@@ -328,7 +333,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_out, grad_lse):
-    """The kernels' backward for CPU tensors, else the reference (see the module docstring)."""
+    """The kernels' backward where they serve the call, else the reference (see the module
+    docstring)."""
     q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
     if grad_out is None and grad_lse is None:
         return (None,) * 11
@@ -415,7 +421,7 @@ def _setup_varlen_context(ctx, inputs, output):
 
 
 def _varlen_backward(ctx, grad_out, grad_lse):
-    """The kernels' varlen backward for CPU tensors, else the reference."""
+    """The kernels' varlen backward where they serve the call, else the reference."""
     (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
      sinks) = ctx.saved_tensors
     if grad_out is None and grad_lse is None:

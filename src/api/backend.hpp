@@ -30,6 +30,8 @@ struct BackendEntry {
   // A per-call priority for `automatic` forward selection (a measured rule: where this
   // backend is faster than another it outranks it), or null for `priority` everywhere.
   int (*priority_for)(const AttentionParams&) = nullptr;
+  // What the backward refuses beyond unsupported_reason (null: nothing more), or "".
+  std::string (*backward_unsupported_reason)(const BackwardParams&) = nullptr;
 };
 
 inline int64_t no_workspace(const AttentionParams&) { return 0; }

@@ -23,12 +23,16 @@ template <class... Parts>
   throw Error(kind, message.str());
 }
 
-// Why `entry` cannot run p: forward's reason, and for a backward call also a missing backward.
+// Why `entry` cannot run p: forward's reason, and for a backward call (`backward` given)
+// also a missing backward or the backward's own reason.
 std::string refusal(const detail::BackendEntry& entry, const detail::AttentionParams& p,
-                    bool backward) {
-  if (backward && entry.run_backward == nullptr)
+                    const detail::BackwardParams* backward) {
+  if (backward != nullptr && entry.run_backward == nullptr)
     return std::string(backend_name(entry.id)) + " has no backward pass";
-  return entry.unsupported_reason(p);
+  if (std::string why = entry.unsupported_reason(p); !why.empty()) return why;
+  if (backward != nullptr && entry.backward_unsupported_reason != nullptr)
+    return entry.backward_unsupported_reason(*backward);
+  return "";
 }
 
 // The priority of `entry` for this call in automatic selection (the per-call rule applies to
@@ -38,7 +42,8 @@ int rank(const detail::BackendEntry& entry, const detail::AttentionParams& p, bo
 }
 
 const detail::BackendEntry& choose(const detail::AttentionParams& p, DeviceType device,
-                                   Backend requested, const char* api, bool backward = false) {
+                                   Backend requested, const char* api,
+                                   const detail::BackwardParams* backward = nullptr) {
   if (requested != Backend::automatic) {
     // Where a backend runs is known even when it is not compiled in, so a device mismatch
     // is reported the same way in every build.
@@ -178,14 +183,13 @@ detail::BackwardArgs grads(const TensorView& dout, const float* lse, const Tenso
 Plan plan_backward_call(const detail::CallArgs& call, const detail::BackwardArgs& g) {
   const detail::BackwardParams p = detail::validate_backward(call, g);
   const detail::BackendEntry& entry =
-      choose(p.fwd, call.q.device.type, call.options.backend, call.api, /*backward=*/true);
+      choose(p.fwd, call.q.device.type, call.options.backend, call.api, &p);
   return {entry.id, entry.backward_workspace_bytes(p)};
 }
 
 void run_backward_call(const detail::CallArgs& call, const detail::BackwardArgs& g) {
   const detail::BackwardParams p = detail::validate_backward(call, g);
-  choose(p.fwd, call.q.device.type, call.options.backend, call.api, /*backward=*/true)
-      .run_backward(p);
+  choose(p.fwd, call.q.device.type, call.options.backend, call.api, &p).run_backward(p);
 }
 
 }  // namespace

@@ -49,6 +49,41 @@ FT_HOST_DEVICE KeyBlocks<Int> key_blocks(const Mask<Int>& mask, Int row_begin, I
   return blocks;
 }
 
+// The backward pass's inverse: the blocks of query rows that see keys [key_begin, key_end)
+// of one sequence (key_end clamped to its seqlen_k by the caller), those where the mask must
+// be evaluated and those whose every row sees every key. A partial last query block (rows
+// past seqlen_q) is never "full", as a partial last key block is never full above.
+template <class Int>
+struct QueryBlocks {
+  Int begin = 0, end = 0;            // blocks [begin, end) hold every row that sees a key
+  Int full_begin = 0, full_end = 0;  // blocks [full_begin, full_end): every row sees every key
+
+  FT_HOST_DEVICE bool empty() const { return end <= begin; }
+  FT_HOST_DEVICE Int count() const { return end > begin ? end - begin : Int(0); }
+  FT_HOST_DEVICE bool needs_mask(Int m) const { return m < full_begin || m >= full_end; }
+};
+
+// Blocks of `block_m` query rows for keys [key_begin, key_end). The rows that see a key move
+// monotonically with the key, so the first and last keys bound the union and intersection.
+template <class Int>
+FT_HOST_DEVICE QueryBlocks<Int> query_blocks(const Mask<Int>& mask, Int key_begin, Int key_end,
+                                             Int block_m) {
+  QueryBlocks<Int> blocks;
+  if (key_end <= key_begin) return blocks;
+  const Int first = mask.first_query(key_begin), last_end = mask.query_end(key_end - 1);
+  if (last_end <= first) return blocks;
+  blocks.begin = first / block_m;
+  blocks.end = ceil_div(last_end, block_m);
+  // Rows every key is seen by: from the last key's first row to the first key's end.
+  Int full_begin = ceil_div(mask.first_query(key_end - 1), block_m);
+  Int full_end = mask.query_end(key_begin) / block_m;
+  full_begin = full_begin > blocks.begin ? full_begin : blocks.begin;
+  full_end = full_end < blocks.end ? full_end : blocks.end;
+  blocks.full_begin = full_begin;
+  blocks.full_end = full_end > full_begin ? full_end : full_begin;
+  return blocks;
+}
+
 // The query block that the x-th of `blocks` launched CTAs computes, so that CTAs, which start
 // in order of x, take the heaviest blocks first and the light ones fill the tail. Rows see
 // more keys the later they are unless only the window's left side is bounded (then the

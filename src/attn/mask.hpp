@@ -42,9 +42,26 @@ struct Mask {
   // lies in [seqlen_k - seqlen_q, seqlen_k) for every row i < seqlen_q, so it fits Int.
   FT_HOST_DEVICE Int diagonal(Int i) const { return static_cast<Int>(int64_t(i) + offset); }
 
+  // The inverse, for the backward pass's key-major loop: the query rows that see key j
+  // (j < seqlen_k) are [first_query(j), query_end(j)), empty when first >= end. From the
+  // rule: i >= j - offset - right and i <= j - offset + left, clamped to [0, seqlen_q].
+  FT_HOST_DEVICE Int first_query(Int j) const {
+    if (right < 0) return 0;
+    return clamp_query(int64_t(j) - offset - right);
+  }
+  FT_HOST_DEVICE Int query_end(Int j) const {
+    if (left < 0) return seqlen_q();
+    return clamp_query(int64_t(j) - offset + left + 1);
+  }
+  FT_HOST_DEVICE Int seqlen_q() const { return static_cast<Int>(int64_t(seqlen_k) - offset); }
+
  private:
   FT_HOST_DEVICE Int clamp_key(int64_t key) const {
     return static_cast<Int>(key < 0 ? 0 : (key > int64_t(seqlen_k) ? int64_t(seqlen_k) : key));
+  }
+  FT_HOST_DEVICE Int clamp_query(int64_t row) const {
+    const int64_t rows = int64_t(seqlen_k) - offset;
+    return static_cast<Int>(row < 0 ? 0 : (row > rows ? rows : row));
   }
 };
 

@@ -3,9 +3,11 @@
 // against three-pass softmax in double precision.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attn/block_range.hpp"
@@ -111,11 +113,91 @@ TEST(KeyBlocks, CoverWhatRowsSeeAndMarkWholeBlocksExactly) {
         const bool in_range = n >= blocks.begin && n < blocks.end;
         if (in_range) {
           EXPECT_EQ(!blocks.needs_mask(n), all) << where << ": whole-block flag";
+          // Tight: the backward's ordered dQ adds wait for every block of the range.
+          EXPECT_TRUE(any) << where << ": a block in the range sees nothing";
         }
       }
       EXPECT_EQ(blocks.empty(), !any_at_all) << "rows [" << r0 << ", " << r1 << ")";
     }
   }
+}
+
+TEST(Mask, FirstQueryAndQueryEndInvertTheRule) {
+  for (const RandomMask& r : random_masks(400, 23)) {
+    const Mask<int64_t> mask(r.left, r.right, r.sq, r.sk);
+    EXPECT_EQ(mask.seqlen_q(), r.sq);
+    for (int64_t j = 0; j < r.sk; ++j) {
+      int64_t first = -1, end = -1;  // the visible rows, which the rule makes contiguous
+      for (int64_t i = 0; i < r.sq; ++i)
+        if (rule_visible(i, j, r.sq, r.sk, r.left, r.right)) {
+          if (first < 0) first = i;
+          end = i + 1;
+        }
+      const std::string where = "sq " + std::to_string(r.sq) + " sk " + std::to_string(r.sk) +
+                                " window (" + std::to_string(r.left) + ", " +
+                                std::to_string(r.right) + ") key " + std::to_string(j);
+      if (first < 0) {
+        EXPECT_GE(mask.first_query(j), mask.query_end(j)) << where << ": no row sees it";
+      } else {
+        EXPECT_EQ(mask.first_query(j), first) << where;
+        EXPECT_EQ(mask.query_end(j), end) << where;
+      }
+    }
+  }
+}
+
+TEST(QueryBlocks, CoverTheRowsThatSeeAKeyRangeAndMarkWholeBlocksExactly) {
+  std::mt19937 rng(29);
+  for (const RandomMask& r : random_masks(300, 31)) {
+    const Mask<int64_t> mask(r.left, r.right, r.sq, r.sk);
+    const int64_t block_n = std::uniform_int_distribution<int64_t>(1, 17)(rng);
+    const int64_t block_m = std::uniform_int_distribution<int64_t>(1, 17)(rng);
+    for (int64_t k0 = 0; k0 < r.sk; k0 += block_n) {
+      const int64_t k1 = std::min(k0 + block_n, r.sk);
+      const QueryBlocks<int64_t> blocks = query_blocks(mask, k0, k1, block_m);
+      const int64_t m_blocks = (r.sq + block_m - 1) / block_m;
+      bool any_at_all = false;
+      for (int64_t m = 0; m < m_blocks; ++m) {
+        bool any = false, all = true;
+        // Rows past seqlen_q (a partial last block) see nothing.
+        for (int64_t i = m * block_m; i < (m + 1) * block_m; ++i)
+          for (int64_t j = k0; j < k1; ++j) {
+            const bool seen = i < r.sq && rule_visible(i, j, r.sq, r.sk, r.left, r.right);
+            any |= seen;
+            all &= seen;
+          }
+        any_at_all |= any;
+        const std::string where = "sq " + std::to_string(r.sq) + " sk " + std::to_string(r.sk) +
+                                  " window (" + std::to_string(r.left) + ", " +
+                                  std::to_string(r.right) + ") keys [" + std::to_string(k0) +
+                                  ", " + std::to_string(k1) + ") block " + std::to_string(m) +
+                                  " of " + std::to_string(block_m);
+        const bool in_range = m >= blocks.begin && m < blocks.end;
+        if (any) EXPECT_TRUE(in_range) << where << ": a block that sees a key is skipped";
+        if (in_range) {
+          EXPECT_EQ(!blocks.needs_mask(m), all) << where << ": whole-block flag";
+          EXPECT_TRUE(any) << where << ": a block in the range sees no key";
+        }
+      }
+      EXPECT_EQ(blocks.empty(), !any_at_all) << "keys [" << k0 << ", " << k1 << ")";
+      if (!blocks.empty()) {
+        EXPECT_GE(blocks.begin, 0);
+        EXPECT_LE(blocks.end, m_blocks);
+      }
+    }
+  }
+}
+
+TEST(QueryBlocks, CausalKeyBlockVisitsOnlyTheRowsBelowTheDiagonal) {
+  // 4096 x 4096 causal, keys [1024, 1088), 64-row blocks: rows 1024.. see them, the block
+  // holding the diagonal (16) needs the mask, every block after it is whole.
+  const Mask<int> mask(-1, 0, 4096, 4096);
+  const QueryBlocks<int> blocks = query_blocks(mask, 1024, 1088, 64);
+  EXPECT_EQ(blocks.begin, 16);
+  EXPECT_EQ(blocks.end, 64);
+  EXPECT_TRUE(blocks.needs_mask(16));
+  EXPECT_FALSE(blocks.needs_mask(17));
+  EXPECT_FALSE(blocks.needs_mask(63));
 }
 
 TEST(KeyBlocks, SlidingWindowVisitsOnlyTheWindow) {

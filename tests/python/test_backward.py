@@ -364,3 +364,89 @@ def test_flash_attn_varlen_func_trains_with_kernel_gradients():
                                                  causal=True, window=(6, 0))
     for p, d in zip((q, k, v), direct):
         assert rel(p.grad.numpy(), d.numpy()) <= 1e-6
+
+
+# --- torch on CUDA: the autograd calls cuda_mma's backward -------------------------------------
+
+needs_cuda_mma = pytest.mark.skipif(
+    torch is None or not torch.cuda.is_available()
+    or not flashtile.backends().get("cuda_mma", (None, False))[1],
+    reason="needs torch, a CUDA device and the cuda_mma backend")
+
+
+def max_err(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+@needs_cuda_mma
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_autograd_uses_cuda_mma_within_flash_attentions_rule(dtype, causal):
+    """FlashAttention's rule against the float64 reference: max|g - g64| <= 2 max|g_ref16 -
+    g64| + 1e-4, g_ref16 being PyTorch's math SDPA in the same 16-bit dtype on the GPU."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    dt = getattr(torch, dtype)
+    # sq < sk: no row is fully masked (PyTorch's math SDPA gives such rows NaN).
+    q, k, v = (x.to("cuda", dt) for x in torch_case(2, 257, 300, 4, 2, 64, seed=1))
+    dout = (torch.rand(q.shape, dtype=torch.float64) * 2 - 1).to("cuda", dt)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    (ft.attention(*leaves, causal=causal) * dout).sum().backward()
+    got = [x.grad for x in leaves]
+    # The kernels' own gradients, called directly.
+    out, lse = flashtile.attention(q, k, v, causal=causal, return_lse=True)
+    direct = flashtile.attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                          backend="cuda_mma")
+    for a, b in zip(got, direct):
+        assert torch.equal(a, b)
+    bhsd = lambda x, rep: x.transpose(1, 2).repeat_interleave(rep, dim=1)
+    want, ref16 = [], []
+    for prec, sink in ((torch.float64, want), (dt, ref16)):
+        xs = [bhsd(x.detach().to(prec), r).clone().requires_grad_()
+              for x, r in ((q, 1), (k, 2), (v, 2))]
+        # FlashAttention's bottom-right causal mask (sq != sk), written out.
+        mask = None
+        if causal:
+            i = torch.arange(257, device="cuda")[:, None]
+            j = torch.arange(300, device="cuda")[None, :]
+            mask = j <= i + 300 - 257
+        with sdpa_kernel(SDPBackend.MATH):
+            o = torch.nn.functional.scaled_dot_product_attention(*xs, attn_mask=mask)
+        (o * dout.transpose(1, 2).to(prec)).sum().backward()
+        sink.extend([xs[0].grad.transpose(1, 2),
+                     xs[1].grad.transpose(1, 2).unflatten(2, (2, 2)).sum(3),
+                     xs[2].grad.transpose(1, 2).unflatten(2, (2, 2)).sum(3)])
+    for g, w, r in zip(got, want, ref16):
+        assert max_err(g, w) <= 2 * max_err(r, w) + 1e-4
+
+
+@needs_cuda_mma
+def test_cuda_variants_and_varlen_take_the_kernels():
+    """Sinks (with their gradient), softcap and a window on CUDA bf16 through autograd, and a
+    causal varlen batch in f16, against the float64 reference path on the CPU (normwise
+    relative 3e-2: 16-bit agreement; a wrong row, head or sign is O(1))."""
+    q, k, v = torch_case(1, 129, 130, 4, 1, 128, seed=2)
+    sinks = torch.tensor([0.3, -0.5, 0.1, 0.8], dtype=torch.float64)
+    dout = torch.rand(q.shape, dtype=torch.float64) * 2 - 1
+    args = dict(window=(40, 5), softcap=3.0)
+    grads = {}
+    for device, dtype in (("cuda", torch.bfloat16), ("cpu", torch.float64)):
+        leaves = [x.to(device, dtype).requires_grad_() for x in (q, k, v)]
+        s = sinks.to(device, torch.float32 if device == "cuda" else dtype).requires_grad_()
+        (ft.attention(*leaves, sinks=s, **args) * dout.to(device, dtype)).sum().backward()
+        grads[device] = [x.grad.cpu().double() for x in leaves + [s]]
+    for g, w in zip(grads["cuda"], grads["cpu"]):
+        assert rel(g.numpy(), w.numpy()) <= 3e-2
+    # varlen: sequences of 5, 0 and 70 queries over 9, 4 and 66 keys, causal.
+    cu_q = torch.tensor([0, 5, 5, 75], dtype=torch.int32)
+    cu_k = torch.tensor([0, 9, 13, 79], dtype=torch.int32)
+    g = torch.Generator().manual_seed(4)
+    packed = [torch.rand((n, h, 64), generator=g, dtype=torch.float64) - 0.5
+              for n, h in ((75, 4), (79, 2), (79, 2))]
+    vgrads = {}
+    for device, dtype in (("cuda", torch.float16), ("cpu", torch.float64)):
+        leaves = [x.to(device, dtype).requires_grad_() for x in packed]
+        out = ft.attention_varlen(*leaves, cu_q.to(device), cu_k.to(device), 70, 66, causal=True)
+        (out.double().cpu() ** 2).sum().backward()
+        vgrads[device] = [x.grad.cpu().double() for x in leaves]
+    for g, w in zip(vgrads["cuda"], vgrads["cpu"]):
+        assert rel(g.numpy(), w.numpy()) <= 3e-2

@@ -109,18 +109,22 @@ Shape random_variant_shape(std::mt19937& rng, int64_t max_seqlen) {
   return s;
 }
 
-// Whether `backend` has a backward pass: its plan on a small dense case.
+// Whether `backend` has a backward pass: its plan on a small dense case in some dtype
+// (cuda_mma's backward serves 16-bit only).
 bool has_backward(Backend backend) {
-  Shape s;
-  s.seqlen_q = s.seqlen_k = 8;
-  s.head_dim = 16;
-  Workload work(s);
-  try {
-    plan_backward_for(work, backend);
-    return true;
-  } catch (const Error&) {
-    return false;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    Shape s;
+    s.seqlen_q = s.seqlen_k = 8;
+    s.head_dim = 16;
+    s.dtype = dtype;
+    Workload work(s);
+    try {
+      plan_backward_for(work, backend);
+      return true;
+    } catch (const Error&) {
+    }
   }
+  return false;
 }
 
 // The oracle's gradients (or their 16-bit baseline) for the workload's dout.

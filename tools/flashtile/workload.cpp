@@ -47,6 +47,18 @@ Gradients& Workload::gradients() {
   return *grads;
 }
 
+DeviceGradients::DeviceGradients(const Gradients& g, int device_index)
+    : dout(g.dout, device_index),
+      dq(g.dq, device_index),
+      dk(g.dk, device_index),
+      dv(g.dv, device_index),
+      dsinks(g.dsinks, device_index) {}
+
+DeviceGradients& Workload::device_gradients() {
+  if (!device_grads) device_grads = std::make_unique<DeviceGradients>(gradients());
+  return *device_grads;
+}
+
 namespace {
 
 bool on_gpu(DeviceType device) { return device == DeviceType::cuda; }
@@ -142,25 +154,28 @@ double cpu_median_ms(Call&& call, const TimingSettings& settings) {
   return detail::median(times);
 }
 
+// CUDA-event timing of call() on `device` (forward and backward alike).
+template <class Call>
+double gpu_median_ms(int device, Call&& call, const TimingSettings& settings) {
+  using Clock = std::chrono::steady_clock;
+  // An idle GPU sits at low clocks; keep it busy for a while before the timed calls so
+  // that every backend is measured at the clocks it would see under load.
+  constexpr double kSpinUpSeconds = 0.3;
+  const auto spin_start = Clock::now();
+  do {
+    call();
+    cuda_synchronize(device);
+  } while (std::chrono::duration<double>(Clock::now() - spin_start).count() < kSpinUpSeconds);
+  DeviceBuffer flush(settings.flush_l2 ? (size_t(256) << 20) : 1, device);
+  return cuda_median_ms(device, settings.warmup, settings.repeats, call, [&] {
+    if (settings.flush_l2) flush.fill_bytes(0x5A);
+  });
+}
+
 double median_ms(Workload& work, Backend backend, const TimingSettings& settings) {
   const Call c = make_call(work, backend);
   auto call = [&] { run_call(c); };
-  using Clock = std::chrono::steady_clock;
-  if (on_gpu(backend_device(backend))) {
-    const int device = c.q.device.index;
-    // An idle GPU sits at low clocks; keep it busy for a while before the timed calls so
-    // that every backend is measured at the clocks it would see under load.
-    constexpr double kSpinUpSeconds = 0.3;
-    const auto spin_start = Clock::now();
-    do {
-      call();
-      cuda_synchronize(device);
-    } while (std::chrono::duration<double>(Clock::now() - spin_start).count() < kSpinUpSeconds);
-    DeviceBuffer flush(settings.flush_l2 ? (size_t(256) << 20) : 1, device);
-    return cuda_median_ms(device, settings.warmup, settings.repeats, call, [&] {
-      if (settings.flush_l2) flush.fill_bytes(0x5A);
-    });
-  }
+  if (on_gpu(backend_device(backend))) return gpu_median_ms(c.q.device.index, call, settings);
   return cpu_median_ms(call, settings);
 }
 
@@ -220,59 +235,70 @@ double pass_flops(const Workload& work, Pass pass) {
 
 namespace {
 
-// backward (or backward_varlen) of the host case on `backend`, from its out and lse.
+// backward (or backward_varlen) on `backend`: of the host case, or of its GPU mirror (from
+// the device forward's out and lse) for a CUDA backend.
 struct BackwardCall {
-  const AttentionCase& h;
-  Gradients& g;
+  TensorView q, k, v, out, dout, dq, dk, dv;
+  const float* lse;
+  std::optional<Varlen> varlen;
   Options options;
 };
 
 BackwardCall make_backward_call(Workload& work, Backend backend) {
-  if (on_gpu(backend_device(backend)))
-    throw Error(ErrorKind::unsupported, std::string(backend_name(backend)) +
-                                            " has no backward pass (no CUDA backend has one yet)");
   Gradients& g = work.gradients();
-  Options o = work.host.reference_options();
+  if (on_gpu(backend_device(backend))) {
+    if (cuda_device_count() == 0) throw Error(ErrorKind::unsupported, cuda_unavailable_reason());
+    DeviceCase& d = work.on_device();
+    DeviceGradients& dg = work.device_gradients();
+    Options o = d.options(work.host, backend);
+    o.lse = nullptr;  // an argument of backward
+    o.dsinks = dg.dsinks.data();
+    return {d.q.view, d.k.view, d.v.view, d.out.view, dg.dout.view, dg.dq.view, dg.dk.view,
+            dg.dv.view, static_cast<const float*>(d.lse.data()), d.varlen(work.host), o};
+  }
+  const AttentionCase& h = work.host;
+  Options o = h.reference_options();
   o.backend = backend;
   o.dsinks = g.dsinks.empty() ? nullptr : g.dsinks.data();
-  return {work.host, g, o};
-}
-
-template <class Fn>
-auto with_backward(const BackwardCall& c, Fn&& fn) {
-  const std::optional<Varlen> vl = c.h.varlen();
-  return fn(c.h.q.view, c.h.k.view, c.h.v.view, c.h.out.view, c.g.dout.view, c.h.lse.data(),
-            c.g.dq.view, c.g.dk.view, c.g.dv.view, vl, c.options);
+  return {h.q.view, h.k.view, h.v.view, h.out.view, g.dout.view, g.dq.view, g.dk.view,
+          g.dv.view, h.lse.data(), h.varlen(), o};
 }
 
 void call_backward(const BackwardCall& c) {
-  with_backward(c, [](auto& q, auto& k, auto& v, auto& out, auto& dout, const float* lse,
-                      auto& dq, auto& dk, auto& dv, const std::optional<Varlen>& vl,
-                      const Options& o) {
-    if (vl)
-      backward_varlen(q, k, v, out, dout, lse, dq, dk, dv, *vl, o);
-    else
-      backward(q, k, v, out, dout, lse, dq, dk, dv, o);
-  });
+  if (c.varlen)
+    backward_varlen(c.q, c.k, c.v, c.out, c.dout, c.lse, c.dq, c.dk, c.dv, *c.varlen, c.options);
+  else
+    backward(c.q, c.k, c.v, c.out, c.dout, c.lse, c.dq, c.dk, c.dv, c.options);
 }
 
 }  // namespace
 
 Plan plan_backward_for(Workload& work, Backend backend) {
   const BackwardCall c = make_backward_call(work, backend);
-  return with_backward(c, [](auto& q, auto& k, auto& v, auto& out, auto& dout, const float* lse,
-                             auto& dq, auto& dk, auto& dv, const std::optional<Varlen>& vl,
-                             const Options& o) {
-    return vl ? plan_backward_varlen(q, k, v, out, dout, lse, dq, dk, dv, *vl, o)
-              : plan_backward(q, k, v, out, dout, lse, dq, dk, dv, o);
-  });
+  return c.varlen ? plan_backward_varlen(c.q, c.k, c.v, c.out, c.dout, c.lse, c.dq, c.dk, c.dv,
+                                         *c.varlen, c.options)
+                  : plan_backward(c.q, c.k, c.v, c.out, c.dout, c.lse, c.dq, c.dk, c.dv, c.options);
 }
 
 void run_backward_once(Workload& work, Backend backend) {
   const BackwardCall c = make_backward_call(work, backend);
-  for (testing::HostTensor* t : {&c.g.dq, &c.g.dk, &c.g.dv}) t->poison();
-  std::fill(c.g.dsinks.begin(), c.g.dsinks.end(), std::numeric_limits<float>::quiet_NaN());
+  Gradients& g = work.gradients();
+  for (testing::HostTensor* t : {&g.dq, &g.dk, &g.dv}) t->poison();
+  std::fill(g.dsinks.begin(), g.dsinks.end(), std::numeric_limits<float>::quiet_NaN());
+  if (!on_gpu(backend_device(backend))) {
+    call_backward(c);
+    return;
+  }
+  DeviceGradients& dg = work.device_gradients();
+  for (testing::DeviceTensor* t : {&dg.dq, &dg.dk, &dg.dv}) t->buffer.fill_bytes(0xFF);
+  if (dg.dsinks.data() != nullptr) dg.dsinks.buffer.fill_bytes(0xFF);
   call_backward(c);
+  cuda_synchronize(c.q.device.index);
+  dg.dq.buffer.copy_to_host(g.dq.bytes.data(), g.dq.bytes.size());
+  dg.dk.buffer.copy_to_host(g.dk.bytes.data(), g.dk.bytes.size());
+  dg.dv.buffer.copy_to_host(g.dv.bytes.data(), g.dv.bytes.size());
+  if (!g.dsinks.empty())
+    dg.dsinks.buffer.copy_to_host(g.dsinks.data(), g.dsinks.size() * sizeof(float));
 }
 
 double median_backward_ms(Workload& work, Backend backend, const TimingSettings& settings,
@@ -283,6 +309,9 @@ double median_backward_ms(Workload& work, Backend backend, const TimingSettings&
     if (with_forward) run_call(forward_call);
     call_backward(c);
   };
+  // A CUDA backward runs asynchronously: host clocks would time its launches only.
+  if (on_gpu(backend_device(backend)))
+    return gpu_median_ms(forward_call.q.device.index, call, settings);
   return cpu_median_ms(call, settings);
 }
 

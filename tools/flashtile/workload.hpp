@@ -31,14 +31,23 @@ struct Gradients {
   explicit Gradients(const AttentionCase& host);
 };
 
+// The same on the GPU, for CUDA backends' backward (copied back into Gradients to verify).
+struct DeviceGradients {
+  testing::DeviceTensor dout, dq, dk, dv;
+  testing::DeviceArray<float> dsinks;
+  explicit DeviceGradients(const Gradients& host, int device_index = 0);
+};
+
 // A host case plus, created on first use, its mirror on the GPU and its gradient buffers.
 struct Workload {
   AttentionCase host;
   std::unique_ptr<DeviceCase> device;
   std::unique_ptr<Gradients> grads;
+  std::unique_ptr<DeviceGradients> device_grads;
   explicit Workload(const Shape& shape, uint32_t seed = 1234, const VariantValues& values = {});
   DeviceCase& on_device();
   Gradients& gradients();
+  DeviceGradients& device_gradients();
 };
 
 // The validated parameters of the case's host call: the normalised window, the lengths.
@@ -78,7 +87,7 @@ struct ErrorReport {
 constexpr int kSampledRows = 12;
 ErrorReport measure_error(const Workload& work, double full_oracle_limit_flops = 4e9);
 
-// ---- the backward pass (CPU backends; no CUDA backend has one yet) ------------------------
+// ---- the backward pass (CPU backends on the host case, CUDA backends on its GPU mirror) ----
 // Which passes `bench` times: forward, backward (from the forward's out and lse), or both.
 enum class Pass { fwd, bwd, fwdbwd };
 std::optional<Pass> parse_pass(const std::string& name);
@@ -89,8 +98,8 @@ double pass_flops(const Workload& work, Pass pass);
 
 // Plan of backward on `backend` (throws flashtile::Error when it cannot run this case).
 Plan plan_backward_for(Workload& work, Backend backend);
-// Runs backward once with poisoned gradients, from the out and lse in work.host (run the
-// forward first).
+// Runs backward once with poisoned gradients, from the out and lse of the last forward
+// (run_once first) on the backend's device; the gradients end in work.gradients().
 void run_backward_once(Workload& work, Backend backend);
 // Median milliseconds of the backward (with_forward: forward then backward) on `backend`.
 double median_backward_ms(Workload& work, Backend backend, const TimingSettings& settings,

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "cuda/device_guard.cuh"
+#include "cuda/03_mma/backward_traits.cuh"
 #include "cuda/03_mma/traits.cuh"
 
 namespace flashtile::detail {
@@ -93,11 +94,72 @@ void run_mma(const AttentionParams& p) {
   }
 }
 
+// ---- the backward (backward_kernel.cuh) --------------------------------------------------
+
+// What the backward refuses beyond the forward's reasons (mma_unsupported runs first).
+std::string mma_backward_unsupported(const BackwardParams& bp) {
+  const AttentionParams& p = bp.fwd;
+  if (mma::backward_head_dim(p.head_dim) == 0)
+    return "cuda_mma's backward supports head_dim 1 to 128 (dK and dV of a key block live in "
+           "registers); got " + std::to_string(p.head_dim);
+  const std::pair<const char*, const void*> gradients[] = {
+      {"dout", bp.dout}, {"dq", bp.dq}, {"dk", bp.dk}, {"dv", bp.dv}};
+  for (const auto& [name, data] : gradients)
+    if (reinterpret_cast<uintptr_t>(data) % 2 != 0)
+      return std::string("cuda_mma needs 16-bit elements at even addresses; ") + name +
+             ".data is at an odd address";
+  // The grid's y is the kv heads: within CUDA's 65535 whenever heads_q is.
+  return "";
+}
+
+int64_t mma_backward_workspace_bytes(const BackwardParams& bp) {
+  const int d = mma::backward_head_dim(bp.fwd.head_dim);
+  const int block_m = d == 64 ? mma::MmaBackwardTraits<64>::kBlockM
+                              : mma::MmaBackwardTraits<128>::kBlockM;
+  return mma::backward_workspace(bp, d == 0 ? 128 : d, block_m).bytes;
+}
+
+template <int kHeadDim>
+void run_backward_for_dtype(const BackwardParams& bp, void* workspace, cudaStream_t stream) {
+  if (bp.fwd.dtype == DType::bf16)
+    mma::run_mma_backward<__nv_bfloat16, kHeadDim>(bp, workspace, stream);
+  else
+    mma::run_mma_backward<__half, kHeadDim>(bp, workspace, stream);
+}
+
+void run_mma_backward(const BackwardParams& bp) {
+  const DeviceGuard on_device(bp.fwd.device_index);
+  auto stream = static_cast<cudaStream_t>(bp.fwd.stream);
+  const int64_t bytes = mma_backward_workspace_bytes(bp);
+  // Stream-ordered: the allocation is reused by the pool across calls, and freed after the
+  // passes that read it.
+  void* workspace = nullptr;
+  if (bytes > 0)
+    check_cuda(cudaMallocAsync(&workspace, size_t(bytes), stream), "cudaMallocAsync(workspace)");
+  try {
+    switch (mma::backward_head_dim(bp.fwd.head_dim)) {
+      case 64: run_backward_for_dtype<64>(bp, workspace, stream); break;
+      case 128: run_backward_for_dtype<128>(bp, workspace, stream); break;
+      default:  // validated before
+        throw Error(ErrorKind::unsupported, mma_backward_unsupported(bp));
+    }
+  } catch (...) {
+    if (workspace != nullptr) cudaFreeAsync(workspace, stream);
+    throw;
+  }
+  if (workspace != nullptr)
+    check_cuda(cudaFreeAsync(workspace, stream), "cudaFreeAsync(workspace)");
+}
+
 }  // namespace
 
 BackendEntry make_cuda_mma_backend() {
-  return {Backend::cuda_mma, DeviceType::cuda, /*priority=*/30, mma_unavailable, mma_unsupported,
-          no_workspace, run_mma};
+  BackendEntry entry{Backend::cuda_mma, DeviceType::cuda, /*priority=*/30, mma_unavailable,
+                     mma_unsupported, no_workspace, run_mma};
+  entry.backward_workspace_bytes = mma_backward_workspace_bytes;
+  entry.run_backward = run_mma_backward;
+  entry.backward_unsupported_reason = mma_backward_unsupported;
+  return entry;
 }
 
 }  // namespace flashtile::detail

@@ -1,7 +1,7 @@
 // Thin wrappers over the sm_80 PTX instructions the tensor-core kernels use: cp.async
 // (global -> shared without registers), ldmatrix (shared -> mma fragments), mma.sync
-// m16n8k16 with fp32 accumulators, ex2.approx, tanh.approx and the f32 -> 16-bit pair
-// conversions.
+// m16n8k16 with fp32 accumulators, ex2.approx, tanh.approx, the f32 -> 16-bit pair
+// conversions and an acquire load (the backward's ordered dQ adds).
 // Each wrapper is one instruction; the fragment layouts are those of the PTX ISA
 // ("Matrix Fragments for mma.m16n8k16").
 #pragma once
@@ -110,5 +110,13 @@ struct TanhApprox {
     return y;
   }
 };
+
+// A load with acquire semantics at GPU scope: what a CTA waiting on another's release
+// (an atomicAdd after __threadfence) reads its counter with.
+__device__ __forceinline__ int load_acquire_gpu(const int* address) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(value) : "l"(address) : "memory");
+  return value;
+}
 
 }  // namespace flashtile::detail::ptx

@@ -1,0 +1,708 @@
+// Journey step 3b — the cuda_mma backward: FlashAttention-2's algorithm on mma.sync
+// m16n8k16 (fp16/bf16 operands, fp32 accumulators), sm_80+. Formulas: docs/BACKWARD.md.
+//
+// Three passes, one stream:
+//  1. backward_rowsum_kernel: D_i = rowsum(dO_i ∘ O_i) in fp32 (laid out as the LSE), and
+//     the sinks' per-block partials −Σ_i exp(σ_h − lse_i)·D_i.
+//  2. mma_backward_kernel: one CTA per (key block of kBlockN keys, kv head, batch entry).
+//     K_j and V_j stay in shared memory; each warp owns 16 keys and accumulates their dK and
+//     dV rows in fp32 registers. The CTA walks the query heads of its kv head's group (GQA:
+//     the group's sum is formed in registers, no partials, no reduction pass, deterministic
+//     by construction) and, per head, the query blocks query_blocks() names (the mask is
+//     evaluated only where needs_mask says). Per (query block, key block):
+//       Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   (each warp: its 16 keys × kBlockM rows, warp-local)
+//       Pᵀ = exp2(logit·log2e − lse·log2e),  dSᵀ = Pᵀ∘(dPᵀ − D)∘∂logit/∂qk
+//       dV += Pᵀ·dO,  dK += dSᵀ·Q  (A operands straight from the accumulators)
+//       dSᵀ -> shared memory;  dQ_i += dS·K  (warps split the kBlockM × d tile) through
+//       fp32 atomics into the workspace accumulator, or, deterministic, the same adds
+//       taken in key-block order behind a per-(batch, head, query block) counter.
+//     Computing the transposed products (keys as the mma's M) is what lets P and dS feed
+//     dV and dK from registers; only dS goes through shared memory, for dQ.
+//  3. backward_dq_kernel converts the fp32 dQ accumulator to q's dtype with dq's strides;
+//     backward_dsinks_kernel sums the sinks' partials in a fixed order.
+//
+// Layout conventions as kernel.cuh (shared pieces: pieces.cuh, tile_io.cuh): lane = 4·g + t; a 16x8 fp32 accumulator tile holds
+// rows g and g+8, columns 2t and 2t+1.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "attn/block_range.hpp"
+#include "attn/features.hpp"
+#include "attn/seqlen.hpp"
+#include "attn/variant.hpp"
+#include "cuda/03_mma/pieces.cuh"
+#include "cuda/03_mma/tile_io.cuh"
+#include "cuda/common.cuh"
+#include "cuda/ptx/mma.cuh"
+
+namespace flashtile::detail::mma {
+
+// One backward configuration.
+//   kHeadDim  : specialised head dim (smaller dims are zero-padded, as in the forward)
+//   kBlockM   : query rows per step of the loop
+//   kNWarps   : warps per CTA; each owns 16 keys, so a CTA holds kBlockN = 16·kNWarps keys
+//   kMinBlocks: CTAs per SM asked of the register allocator
+template <int kHeadDim_, int kBlockM_, int kNWarps_, int kMinBlocks_>
+struct MmaBackwardConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kNWarps = kNWarps_;
+  static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr int kBlockN = 16 * kNWarps;
+  static constexpr int kThreads = 32 * kNWarps;
+
+  static constexpr int kKSteps = kHeadDim / 16;  // k-steps of K·Qᵀ and V·dOᵀ
+  static constexpr int kDTiles = kHeadDim / 8;   // 8-column tiles of dK, dV
+  static constexpr int kQTiles = kBlockM / 8;    // 8-row n-tiles of Sᵀ (over query rows)
+  static constexpr int kQSteps = kBlockM / 16;   // k-steps of Pᵀ·dO and dSᵀ·Q
+  static constexpr int kKeySteps = kBlockN / 16;  // k-steps of dS·K
+  // dQ = dS·K: warp w takes m-tile w % kDqMTiles and column group w / kDqMTiles.
+  static constexpr int kDqMTiles = kBlockM / 16;
+  static constexpr int kDqGroups = kNWarps / kDqMTiles;
+  static constexpr int kDqDTiles = kDTiles / kDqGroups;  // 8-column tiles per warp
+
+  // Shared rows as the forward's (tile_io.cuh reads these names).
+  static constexpr int kRowChunks = (kHeadDim + 63) / 64 * 8;
+  static constexpr int kDataChunks = kHeadDim / 8;
+  static constexpr int kRowBytes = kRowChunks * 16;
+  static constexpr int kRowsPerPass = kThreads / kRowChunks;
+  static constexpr int kKeyTileBytes = kBlockN * kRowBytes;  // K or V: (kBlockN, head dim)
+  static constexpr int kRowTileBytes = kBlockM * kRowBytes;  // Q or dO: (kBlockM, head dim)
+  // dSᵀ: (kBlockN keys, kBlockM rows) 16-bit, swizzled rows of kBlockM / 8 chunks.
+  static constexpr int kDsRowChunks = kBlockM / 8;
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  // [ K | V | Q stage 0, 1 | dO stage 0, 1 | dSᵀ | lse·log2e stage 0, 1 | D stage 0, 1 ]
+  static constexpr int kVOffset = kKeyTileBytes;
+  static constexpr int kQOffset = 2 * kKeyTileBytes;
+  static constexpr int kDoOffset = kQOffset + 2 * kRowTileBytes;
+  static constexpr int kDsOffset = kDoOffset + 2 * kRowTileBytes;
+  static constexpr int kLseOffset = kDsOffset + kDsBytes;
+  static constexpr int kDOffset = kLseOffset + 2 * kBlockM * 4;
+  static constexpr int kSmemBytes = kDOffset + 2 * kBlockM * 4;
+
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 128,
+                "backward head dim: a multiple of 16, <= 128 (dK and dV live in registers)");
+  static_assert(kBlockM % 64 == 0, "dSᵀ rows are whole groups of 8 swizzled chunks");
+  static_assert(kNWarps % kDqMTiles == 0, "the warps split dQ's m-tiles evenly");
+  static_assert(kDTiles % (2 * kDqGroups) == 0, "each warp's dQ columns are whole d-tile pairs");
+  static_assert(kThreads >= kBlockM, "one thread stages each query row's lse and D");
+  static_assert(kThreads % kRowChunks == 0, "a cp.async pass covers whole rows");
+  static_assert(kBlockM % kRowsPerPass == 0 && kBlockN % kRowsPerPass == 0,
+                "tiles are a whole number of cp.async passes");
+  static_assert(32 % kRowChunks == 0 || kRowChunks % 32 == 0,
+                "the output copy maps lanes onto whole rows");
+};
+
+// The dSᵀ tile as tile_io.cuh's swizzle sees it.
+template <class Cfg>
+struct DsTile {
+  static constexpr int kRowChunks = Cfg::kDsRowChunks;
+};
+
+// Where the backward's scratch lives in its one workspace allocation (bytes from its start).
+struct BackwardWorkspace {
+  int64_t d_offset = 0, d_floats = 0;              // D, indexed as the LSE
+  int64_t dq_offset = 0, dq_floats = 0;            // fp32 dQ accumulator
+  ViewStrides dq_strides;                          // its (batch, row, head) strides
+  int64_t sink_offset = 0, sink_floats = 0;        // the sinks' partials
+  int64_t sink_blocks = 0;                         // partials per (batch, head)
+  int64_t counter_offset = 0, counter_count = 0;   // deterministic mode's counters
+  int64_t query_blocks = 0;                        // counters per (batch, head)
+  int64_t bytes = 0;
+};
+
+// Rows of the pre-pass's block (the sinks' partials are per such block).
+inline constexpr int kRowsumBlockRows = 64;
+
+inline int64_t align_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+inline BackwardWorkspace backward_workspace(const BackwardParams& bp, int head_dim_spec,
+                                            int block_m) {
+  const AttentionParams& p = bp.fwd;
+  BackwardWorkspace w;
+  const int64_t rows = p.is_varlen() ? p.total_q : p.batch * p.seqlen_q;  // rows of q
+  w.d_floats = p.is_varlen() ? p.heads_q * p.total_q : p.batch * p.lse_batch_stride;
+  w.dq_strides.head = head_dim_spec;
+  w.dq_strides.row = p.heads_q * head_dim_spec;
+  w.dq_strides.batch = p.is_varlen() ? 0 : p.seqlen_q * w.dq_strides.row;
+  w.dq_floats = rows * w.dq_strides.row;
+  w.sink_blocks = (p.seqlen_q + kRowsumBlockRows - 1) / kRowsumBlockRows;
+  w.sink_floats = p.sinks != nullptr ? p.batch * p.heads_q * w.sink_blocks : 0;
+  w.query_blocks = (p.seqlen_q + block_m - 1) / block_m;
+  w.counter_count = bp.deterministic ? p.batch * p.heads_q * w.query_blocks : 0;
+  int64_t at = 0;
+  w.d_offset = at, at = align_up(at + 4 * w.d_floats, 256);
+  w.dq_offset = at, at = align_up(at + 4 * w.dq_floats, 256);
+  w.sink_offset = at, at = align_up(at + 4 * w.sink_floats, 256);
+  w.counter_offset = at, at = align_up(at + 4 * w.counter_count, 256);
+  w.bytes = at;
+  return w;
+}
+
+// What the kernels read of the workspace.
+struct BackwardScratch {
+  float* d = nullptr;
+  float* dq = nullptr;
+  ViewStrides dq_strides;
+  float* sink_partials = nullptr;
+  int sink_blocks = 0;
+  int* counters = nullptr;
+  int query_blocks = 0;
+};
+
+// ---- pass 1: D = rowsum(dO ∘ O), the sinks' partials -----------------------------------
+
+template <class T>
+__device__ __forceinline__ float to_float(T x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(x);
+  else
+    return __half2float(x);
+}
+
+// Grid (row blocks of kRowsumBlockRows, heads_q, batch), 256 threads: one warp per row at a
+// time, lanes across the head dim (coalesced for any stride, elements of any alignment).
+template <class T>
+__global__ void __launch_bounds__(256) backward_rowsum_kernel(const BackwardParams bp,
+                                                              const BackwardScratch ws) {
+  const AttentionParams& p = bp.fwd;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const SeqlenInfo<int> seq(p, b);
+  const int row0 = blockIdx.x * kRowsumBlockRows;
+  const float sink = sink_logit<float>(p, h);
+  float sink_sum = 0.0f;  // lane 0 of each warp: its rows' −exp(σ − lse)·D, in row order
+  for (int r = warp; r < kRowsumBlockRows; r += 8) {
+    const int row = row0 + r;
+    if (row >= seq.seqlen_q) break;
+    const T* dout = static_cast<const T*>(bp.dout) + seq.row_offset_q(bp.dout_strides, b, row, h);
+    const T* out = static_cast<const T*>(p.o) + seq.o_offset(p, b, row, h);
+    float sum = 0.0f;
+    for (int c = lane; c < p.head_dim; c += 32) sum += to_float(dout[c]) * to_float(out[c]);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const int64_t at = seq.lse_index(p, b, h, row);
+    if (lane == 0) {
+      ws.d[at] = sum;
+      const float lse = p.lse[at];
+      if (p.sinks != nullptr && lse != -INFINITY) sink_sum -= expf(sink - lse) * sum;
+    }
+  }
+  if (p.sinks == nullptr) return;
+  __shared__ float warp_sums[8];
+  if (lane == 0) warp_sums[warp] = sink_sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < 8; ++w) total += warp_sums[w];  // fixed order: deterministic
+    ws.sink_partials[(b * p.heads_q + h) * ws.sink_blocks + blockIdx.x] = total;
+  }
+}
+
+// dsinks[h] = the partials of head h summed over batch entries and blocks, in order.
+// (A template, as every kernel of this header, so that each TU's copy is a weak symbol.)
+template <class T>
+__global__ void backward_dsinks_kernel(const BackwardParams bp, const BackwardScratch ws) {
+  const AttentionParams& p = bp.fwd;
+  for (int64_t h = blockIdx.x * blockDim.x + threadIdx.x; h < p.heads_q; h += blockDim.x) {
+    float total = 0.0f;
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int x = 0; x < ws.sink_blocks; ++x)
+        total += ws.sink_partials[(b * p.heads_q + h) * ws.sink_blocks + x];
+    bp.dsinks[h] = total;
+  }
+}
+
+// ---- pass 2: dK, dV per key block; dQ into the fp32 accumulator -------------------------
+
+// The logit of raw score qk and d logit / d qk, under Logits (as the forward's
+// transformed_logit, keeping the capped value the chain rule needs).
+template <class Logits>
+__device__ __forceinline__ float logit_and_derivative(const LogitsTransform<float>& transform,
+                                                      float qk, const Mask<int>& mask, int i,
+                                                      int j, float& derivative) {
+  if constexpr (std::is_same_v<Logits, RuntimeLogits>) {
+    const bool capped = transform.softcap != 0.0f;
+    const float c = capped ? transform.scaled<true>(qk) : transform.scaled<false>(qk);
+    derivative = capped ? transform.scaled_derivative<true>(c) : transform.scaled_derivative<false>(c);
+    return transform.slope != 0.0f ? c + transform.alibi_bias(mask, i, j) : c;
+  } else {
+    const float c = transform.template scaled<Logits::kSoftcap>(qk, ptx::TanhApprox{});
+    derivative = transform.template scaled_derivative<Logits::kSoftcap>(c);
+    if constexpr (Logits::kAlibi) return c + transform.alibi_bias(mask, i, j);
+    return c;
+  }
+}
+
+template <class T, class Cfg, class Logits, bool kAligned>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    mma_backward_kernel(const BackwardParams bp, const BackwardScratch ws) {
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kRowBytes = Cfg::kRowBytes;
+  constexpr int kKSteps = Cfg::kKSteps, kDTiles = Cfg::kDTiles, kQTiles = Cfg::kQTiles;
+  constexpr int kQSteps = Cfg::kQSteps;
+  constexpr int kDsRowBytes = Cfg::kDsRowChunks * 16;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const AttentionParams& p = bp.fwd;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t smem_base = ptx::smem_addr(smem);
+  const uint32_t smem_k = smem_base, smem_v = smem_base + Cfg::kVOffset;
+  const uint32_t smem_ds = smem_base + Cfg::kDsOffset;
+  float* const smem_lse = reinterpret_cast<float*>(smem + Cfg::kLseOffset);  // (2, kBlockM)
+  float* const smem_d = reinterpret_cast<float*>(smem + Cfg::kDOffset);      // (2, kBlockM)
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t hk = blockIdx.y, b = blockIdx.z;
+  const int group = static_cast<int>(p.heads_per_kv());
+  const SeqlenInfo<int> seq(p, b);
+  const int key0 = blockIdx.x * kBlockN;
+  if (key0 >= seq.seqlen_k) return;  // varlen: past this sequence's keys (zeroed before)
+  const Mask<int> mask = seq.mask(p);
+  const int key_end = min(key0 + kBlockN, seq.seqlen_k);
+  // A partial key block holds zero-filled keys past seqlen_k: the mask removes them.
+  const bool partial_keys = key_end - key0 < kBlockN;
+  const QueryBlocks<int> blocks = query_blocks(mask, key0, key_end, kBlockM);
+  const int n_blocks = blocks.count();
+  const int steps = group * n_blocks;  // (query head of the group, query block) pairs
+  const int head_dim = static_cast<int>(p.head_dim);
+  const int valid_chunks = head_dim / 8;
+
+  int q_granule = 8, k_granule = 8, v_granule = 8, do_granule = 8;
+  if constexpr (!kAligned) {
+    q_granule = access_granule(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+    k_granule = access_granule(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+    v_granule = access_granule(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+    do_granule = access_granule(bp.dout, bp.dout_strides.batch, bp.dout_strides.row,
+                                bp.dout_strides.head);
+  }
+  // Copies `rows` rows of a tensor (row 0 at src) into the shared tile at byte offset `at`.
+  auto load_rows = [&](auto rows_tag, uint32_t at, const T* src, int64_t row_stride,
+                       int valid_rows, int granule) {
+    constexpr int kRows = decltype(rows_tag)::value;
+    if constexpr (kAligned)
+      load_tile_async<Cfg, kRows>(smem_base + at, src, row_stride, valid_rows, valid_chunks);
+    else
+      load_tile_narrow<Cfg, kRows>(smem + at, src, row_stride, valid_rows, head_dim, granule);
+  };
+  using KeyRows = std::integral_constant<int, kBlockN>;
+  using QueryRows = std::integral_constant<int, kBlockM>;
+
+  load_rows(KeyRows{}, 0, static_cast<const T*>(p.k) + seq.k_offset(p, b, key0, hk),
+            p.k_row_stride, seq.seqlen_k - key0, k_granule);
+  load_rows(KeyRows{}, Cfg::kVOffset, static_cast<const T*>(p.v) + seq.v_offset(p, b, key0, hk),
+            p.v_row_stride, seq.seqlen_k - key0, v_granule);
+
+  // Step s is query head `head_of(s)` and query block `block_of(s)`.
+  auto head_of = [&](int s) { return hk * group + s / n_blocks; };
+  auto block_of = [&](int s) { return blocks.begin + s % n_blocks; };
+  // Issues step s's Q and dO tiles into stage s % 2 and returns its lse·log2e and D for
+  // this thread's row (threads < kBlockM), which the caller stores once the stage is free.
+  // Rows past seqlen_q, and rows that see nothing (lse = −inf), get lse = +inf: P = 0.
+  auto issue_step = [&](int s, float& lse_log2, float& d_row) {
+    lse_log2 = INFINITY, d_row = 0.0f;
+    if (s >= steps) return;
+    const int64_t h = head_of(s);
+    const int row0 = block_of(s) * kBlockM;
+    const int stage = s % 2;
+    load_rows(QueryRows{}, Cfg::kQOffset + stage * Cfg::kRowTileBytes,
+              static_cast<const T*>(p.q) + seq.q_offset(p, b, row0, h), p.q_row_stride,
+              seq.seqlen_q - row0, q_granule);
+    load_rows(QueryRows{}, Cfg::kDoOffset + stage * Cfg::kRowTileBytes,
+              static_cast<const T*>(bp.dout) + seq.row_offset_q(bp.dout_strides, b, row0, h),
+              bp.dout_strides.row, seq.seqlen_q - row0, do_granule);
+    const int row = row0 + static_cast<int>(threadIdx.x);
+    if (threadIdx.x < kBlockM && row < seq.seqlen_q) {
+      const int64_t at = seq.lse_index(p, b, h, row);
+      const float lse = p.lse[at];
+      if (lse != -INFINITY) lse_log2 = lse * kLog2e;
+      d_row = ws.d[at];
+    }
+  };
+  auto stage_row_stats = [&](int s, float lse_log2, float d_row) {
+    if (threadIdx.x < kBlockM) {
+      smem_lse[(s % 2) * kBlockM + threadIdx.x] = lse_log2;
+      smem_d[(s % 2) * kBlockM + threadIdx.x] = d_row;
+    }
+  };
+  {
+    float lse_log2, d_row;
+    issue_step(0, lse_log2, d_row);
+    stage_row_stats(0, lse_log2, d_row);
+  }
+  ptx::cp_async_commit();
+
+  // ldmatrix addressing (every fragment row is a multiple of 8 plus lane % 8, so the
+  // swizzle's row % 8 is lane % 8 throughout).
+  const int warp_key0 = warp * 16;
+  // A operand, rows = this warp's keys (K or V, row-major): kernel.cuh's Q pattern.
+  const uint32_t a_lane = (warp_key0 + lane % 16) * kRowBytes;
+  const SwizzledPairs a_cols(lane / 16, lane % 8);
+  // B operand from a row-major tile whose rows are the n dimension (Q or dO for Sᵀ, dPᵀ):
+  // kernel.cuh's K pattern. The same addresses with .trans give dS's A operand from dSᵀ.
+  const uint32_t bn_lane_row = (lane % 8 + (lane / 16) * 8);
+  const SwizzledPairs bn_cols((lane / 8) % 2, lane % 8);
+  // B operand from a row-major tile whose rows are the k dimension, through .trans (dO, Q
+  // for dV, dK; K for dQ): kernel.cuh's V pattern.
+  const uint32_t bk_lane_row = (lane % 8 + ((lane / 8) % 2) * 8);
+  const SwizzledPairs bk_cols(lane / 16, lane % 8);
+
+  float dk[kDTiles][4], dv[kDTiles][4];  // (16 keys of this warp, kHeadDim) fp32
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) dk[dt][r] = dv[dt][r] = 0.0f;
+
+  const float scale_log2 = p.scale * kLog2e;
+  const int dq_mtile = warp % Cfg::kDqMTiles;
+  const int dq_col0 = (warp / Cfg::kDqMTiles) * Cfg::kDqDTiles * 8;
+  // dQ's column offsets depend on the warp (a run-time value): computed once here, as
+  // SwizzledPairs' table indexed at run time would live in local memory.
+  auto swizzled_chunk = [&](int chunk) {
+    return static_cast<uint32_t>(((chunk & ~7) + ((chunk & 7) ^ (lane % 8))) * 16);
+  };
+  const uint32_t ds_cols = swizzled_chunk(2 * dq_mtile + (lane / 8) % 2);
+  uint32_t dq_k_cols[Cfg::kDqDTiles / 2];
+#pragma unroll
+  for (int dp = 0; dp < Cfg::kDqDTiles / 2; ++dp)
+    dq_k_cols[dp] = swizzled_chunk(dq_col0 / 8 + 2 * dp + lane / 16);
+
+  for (int s = 0; s < steps; ++s) {
+    ptx::cp_async_wait<0>();  // step s's tiles (and K, V) have landed for this thread
+    __syncthreads();          // ... for every thread; stage (s+1) % 2 and dSᵀ are free
+    float next_lse_log2, next_d;
+    issue_step(s + 1, next_lse_log2, next_d);
+    ptx::cp_async_commit();
+
+    const int64_t h = head_of(s);
+    const int m_block = block_of(s);
+    const int row0 = m_block * kBlockM;
+    const int stage = s % 2;
+    const uint32_t smem_q = smem_base + Cfg::kQOffset + stage * Cfg::kRowTileBytes;
+    const uint32_t smem_do = smem_base + Cfg::kDoOffset + stage * Cfg::kRowTileBytes;
+    const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
+
+    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: (16 keys, kBlockM rows) per warp, raw scores.
+    float st[kQTiles][4], dpt[kQTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) st[nt][r] = dpt[nt][r] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t ak[4], av[4];
+      ptx::ldmatrix_x4(ak, smem_k + a_lane + a_cols(ks));
+      ptx::ldmatrix_x4(av, smem_v + a_lane + a_cols(ks));
+#pragma unroll
+      for (int np = 0; np < kQTiles / 2; ++np) {
+        const uint32_t row_off = (bn_lane_row + np * 16) * kRowBytes + bn_cols(ks);
+        uint32_t qb[4], dob[4];
+        ptx::ldmatrix_x4(qb, smem_q + row_off);
+        ptx::ldmatrix_x4(dob, smem_do + row_off);
+        ptx::mma_m16n8k16<T>(st[2 * np], ak, qb[0], qb[1]);
+        ptx::mma_m16n8k16<T>(st[2 * np + 1], ak, qb[2], qb[3]);
+        ptx::mma_m16n8k16<T>(dpt[2 * np], av, dob[0], dob[1]);
+        ptx::mma_m16n8k16<T>(dpt[2 * np + 1], av, dob[2], dob[3]);
+      }
+    }
+
+    // Pᵀ and dSᵀ in place of Sᵀ and dPᵀ. Element (nt, 2·half + e) is key
+    // key0 + warp_key0 + g + 8·half and query row row0 + nt·8 + 2t + e.
+    const bool masked = partial_keys || blocks.needs_mask(m_block);
+    const float* lse_row = smem_lse + stage * kBlockM;
+    const float* d_row = smem_d + stage * kBlockM;
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt) {
+      const float2 lse2 = *reinterpret_cast<const float2*>(lse_row + nt * 8 + 2 * t);
+      const float2 dd = *reinterpret_cast<const float2*>(d_row + nt * 8 + 2 * t);
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = key0 + warp_key0 + g + 8 * half;
+          const int row = row0 + nt * 8 + 2 * t + e;
+          float& x = st[nt][2 * half + e];
+          float& dp = dpt[nt][2 * half + e];
+          const float lse_log2 = e == 0 ? lse2.x : lse2.y;
+          float derivative;
+          float prob;
+          if constexpr (Logits::kPlain) {
+            derivative = logits.scaled_derivative<false>(x);
+            prob = ptx::exp2_approx(fmaf(x, scale_log2, -lse_log2));
+          } else {
+            const float logit = logit_and_derivative<Logits>(logits, x, mask, row, key, derivative);
+            prob = ptx::exp2_approx(fmaf(logit, kLog2e, -lse_log2));
+          }
+          if (masked && !mask.visible(row, key)) prob = 0.0f;
+          x = prob;
+          dp = prob * (dp - (e == 0 ? dd.x : dd.y)) * derivative;
+        }
+    }
+
+    // dV += Pᵀ·dO and dK += dSᵀ·Q: the A fragment of k-step kk is n-tiles 2kk, 2kk+1 of
+    // the accumulators (as the forward's P·V). dSᵀ also goes to shared memory for dQ.
+#pragma unroll
+    for (int kk = 0; kk < kQSteps; ++kk) {
+      uint32_t pa[4], dsa[4];
+      pa[0] = ptx::pack2<T>(st[2 * kk][0], st[2 * kk][1]);
+      pa[1] = ptx::pack2<T>(st[2 * kk][2], st[2 * kk][3]);
+      pa[2] = ptx::pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+      pa[3] = ptx::pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+      dsa[0] = ptx::pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]);
+      dsa[1] = ptx::pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]);
+      dsa[2] = ptx::pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+      dsa[3] = ptx::pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+      // dSᵀ rows g and g+8 of this warp's keys, row chunks 2kk and 2kk+1 (conflict-free:
+      // the quad writes one 16-byte chunk, the 8 rows 8 distinct ones).
+      const int key_row = warp_key0 + g;
+      unsigned char* ds_bytes = smem + Cfg::kDsOffset;
+      *reinterpret_cast<uint32_t*>(ds_bytes + swizzle<DsTile<Cfg>>(key_row, 2 * kk) + 4 * t) = dsa[0];
+      *reinterpret_cast<uint32_t*>(ds_bytes + swizzle<DsTile<Cfg>>(key_row + 8, 2 * kk) + 4 * t) = dsa[1];
+      *reinterpret_cast<uint32_t*>(ds_bytes + swizzle<DsTile<Cfg>>(key_row, 2 * kk + 1) + 4 * t) = dsa[2];
+      *reinterpret_cast<uint32_t*>(ds_bytes + swizzle<DsTile<Cfg>>(key_row + 8, 2 * kk + 1) + 4 * t) = dsa[3];
+#pragma unroll
+      for (int dp = 0; dp < kDTiles / 2; ++dp) {
+        const uint32_t off = (bk_lane_row + kk * 16) * kRowBytes + bk_cols(dp);
+        uint32_t dob[4], qb[4];
+        ptx::ldmatrix_x4_trans(dob, smem_do + off);
+        ptx::ldmatrix_x4_trans(qb, smem_q + off);
+        ptx::mma_m16n8k16<T>(dv[2 * dp], pa, dob[0], dob[1]);
+        ptx::mma_m16n8k16<T>(dv[2 * dp + 1], pa, dob[2], dob[3]);
+        ptx::mma_m16n8k16<T>(dk[2 * dp], dsa, qb[0], qb[1]);
+        ptx::mma_m16n8k16<T>(dk[2 * dp + 1], dsa, qb[2], qb[3]);
+      }
+    }
+    __syncthreads();  // dSᵀ is whole
+
+    // dQ_i += dS·K: this warp's m-tile and columns; A from dSᵀ through .trans, B from K.
+    float dq[Cfg::kDqDTiles][4];
+#pragma unroll
+    for (int dt = 0; dt < Cfg::kDqDTiles; ++dt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) dq[dt][r] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < Cfg::kKeySteps; ++ks) {
+      uint32_t a[4];
+      ptx::ldmatrix_x4_trans(a, smem_ds + (bn_lane_row + ks * 16) * kDsRowBytes + ds_cols);
+#pragma unroll
+      for (int dp = 0; dp < Cfg::kDqDTiles / 2; ++dp) {
+        uint32_t kb[4];
+        ptx::ldmatrix_x4_trans(kb, smem_k + (bk_lane_row + ks * 16) * kRowBytes + dq_k_cols[dp]);
+        ptx::mma_m16n8k16<T>(dq[2 * dp], a, kb[0], kb[1]);
+        ptx::mma_m16n8k16<T>(dq[2 * dp + 1], a, kb[2], kb[3]);
+      }
+    }
+    // Deterministic: the key blocks that visit this query block add in key-block order.
+    // They are the contiguous range key_blocks() names, and lower key blocks are launched
+    // first (x is the grid's fastest index), so waiting on them cannot deadlock.
+    int* counter = nullptr;
+    if (bp.deterministic) {
+      counter = ws.counters + (b * p.heads_q + h) * ws.query_blocks + m_block;
+      const int before = blockIdx.x - key_blocks(mask, row0, min(row0 + kBlockM, seq.seqlen_q),
+                                                 kBlockN).begin;
+      if (threadIdx.x == 0) {
+        while (ptx::load_acquire_gpu(counter) != before) {
+        }
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + dq_mtile * 16 + g + 8 * half;
+      if (row < seq.seqlen_q) {
+        float* acc = ws.dq + seq.row_offset_q(ws.dq_strides, b, row, h) + dq_col0 + 2 * t;
+#pragma unroll
+        for (int dt = 0; dt < Cfg::kDqDTiles; ++dt) {
+          atomicAdd(acc + dt * 8, dq[dt][2 * half]);
+          atomicAdd(acc + dt * 8 + 1, dq[dt][2 * half + 1]);
+        }
+      }
+    }
+    if (bp.deterministic) {
+      __syncthreads();  // every thread's adds are issued ...
+      if (threadIdx.x == 0) {
+        __threadfence();  // ... and visible before the next key block may start its own
+        atomicAdd(counter, 1);
+      }
+    }
+    stage_row_stats(s + 1, next_lse_log2, next_d);
+  }
+
+  // Epilogue: dK and dV (this warp's 16 keys) through shared memory (K and V's tiles, free
+  // once every warp is past the loop) to 16-byte (or the narrow path's) stores.
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int local_key = warp_key0 + g + 8 * half;
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      *reinterpret_cast<uint32_t*>(smem + swizzle<Cfg>(local_key, dt) + 4 * t) =
+          ptx::pack2<T>(dk[dt][2 * half], dk[dt][2 * half + 1]);
+      *reinterpret_cast<uint32_t*>(smem + Cfg::kVOffset + swizzle<Cfg>(local_key, dt) + 4 * t) =
+          ptx::pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
+    }
+  }
+  __syncwarp();
+  constexpr int kLanesPerRow = Cfg::kRowChunks < 32 ? Cfg::kRowChunks : 32;
+  constexpr int kRowsPerStep = 32 / kLanesPerRow;
+  int dk_granule = 8, dv_granule = 8;
+  if constexpr (!kAligned) {
+    dk_granule = access_granule(bp.dk, bp.dk_strides.batch, bp.dk_strides.row, bp.dk_strides.head);
+    dv_granule = access_granule(bp.dv, bp.dv_strides.batch, bp.dv_strides.row, bp.dv_strides.head);
+  }
+  const int out_chunks = (head_dim + 7) / 8;
+  for (int r = lane / kLanesPerRow; r < 16; r += kRowsPerStep) {
+    const int local_key = warp_key0 + r;
+    const int key = key0 + local_key;
+    if (key >= seq.seqlen_k) break;
+    T* dk_row = static_cast<T*>(bp.dk) + seq.row_offset_k(bp.dk_strides, b, key, hk);
+    T* dv_row = static_cast<T*>(bp.dv) + seq.row_offset_k(bp.dv_strides, b, key, hk);
+    for (int chunk = lane % kLanesPerRow; chunk < out_chunks; chunk += kLanesPerRow) {
+      const uint4 k_value = *reinterpret_cast<const uint4*>(smem + swizzle<Cfg>(local_key, chunk));
+      const uint4 v_value =
+          *reinterpret_cast<const uint4*>(smem + Cfg::kVOffset + swizzle<Cfg>(local_key, chunk));
+      if constexpr (kAligned) {
+        *reinterpret_cast<uint4*>(dk_row + chunk * 8) = k_value;
+        *reinterpret_cast<uint4*>(dv_row + chunk * 8) = v_value;
+      } else {
+        const int valid = chunk_elements(chunk, head_dim);
+        store_chunk_narrow(reinterpret_cast<uint16_t*>(dk_row + chunk * 8), k_value, valid,
+                           dk_granule);
+        store_chunk_narrow(reinterpret_cast<uint16_t*>(dv_row + chunk * 8), v_value, valid,
+                           dv_granule);
+      }
+    }
+  }
+}
+
+// ---- pass 3: dQ to q's dtype --------------------------------------------------------------
+
+// Grid (row blocks of 256 / (chunks per row) rows, heads_q, batch): one thread per 8
+// columns of one row, 16-byte stores when dq allows them.
+template <class T>
+__global__ void __launch_bounds__(256) backward_dq_kernel(const BackwardParams bp,
+                                                          const BackwardScratch ws,
+                                                          int rows_per_block) {
+  const AttentionParams& p = bp.fwd;
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const SeqlenInfo<int> seq(p, b);
+  const int head_dim = static_cast<int>(p.head_dim);
+  const int chunks = (head_dim + 7) / 8;
+  const int row = blockIdx.x * rows_per_block + static_cast<int>(threadIdx.x) / chunks;
+  const int chunk = static_cast<int>(threadIdx.x) % chunks;
+  if (static_cast<int>(threadIdx.x) >= rows_per_block * chunks || row >= seq.seqlen_q) return;
+  const float* acc = ws.dq + seq.row_offset_q(ws.dq_strides, b, row, h) + chunk * 8;
+  const float4 lo = *reinterpret_cast<const float4*>(acc);
+  const float4 hi = *reinterpret_cast<const float4*>(acc + 4);
+  const uint4 value = make_uint4(ptx::pack2<T>(lo.x, lo.y), ptx::pack2<T>(lo.z, lo.w),
+                                 ptx::pack2<T>(hi.x, hi.y), ptx::pack2<T>(hi.z, hi.w));
+  T* to = static_cast<T*>(bp.dq) + seq.row_offset_q(bp.dq_strides, b, row, h) + chunk * 8;
+  const int granule = access_granule(bp.dq, bp.dq_strides.batch, bp.dq_strides.row,
+                                     bp.dq_strides.head);
+  store_chunk_narrow(reinterpret_cast<uint16_t*>(to), value, chunk_elements(chunk, head_dim),
+                     granule);
+}
+
+// Writes zeros to every row of a k-shaped gradient (varlen: keys outside every sequence's
+// used keys get no other write). Grid-stride over (row, head) pairs, element by element.
+template <class T>
+__global__ void zero_rows_kernel(T* grad, ViewStrides strides, int64_t batch, int64_t rows,
+                                 int64_t heads, int64_t head_dim) {
+  const int64_t pairs = batch * rows * heads;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.y) + threadIdx.y; i < pairs;
+       i += int64_t(gridDim.x) * blockDim.y) {
+    const int64_t hh = i % heads, r = (i / heads) % rows, bb = i / (heads * rows);
+    T* row = grad + bb * strides.batch + r * strides.row + hh * strides.head;
+    for (int64_t c = threadIdx.x; c < head_dim; c += blockDim.x) row[c] = T(0.0f);
+  }
+}
+
+// Whether the aligned path serves bp: the forward's condition plus dout, dk and dv.
+inline bool backward_rows_aligned_16(const BackwardParams& bp) {
+  auto aligned = [](const void* data, const ViewStrides& s) {
+    return access_granule(data, s.batch, s.row, s.head) == 8;
+  };
+  return rows_aligned_16(bp.fwd) && aligned(bp.dout, bp.dout_strides) &&
+         aligned(bp.dk, bp.dk_strides) && aligned(bp.dv, bp.dv_strides);
+}
+
+template <class T, class Cfg, class Logits, bool kAligned>
+void launch_mma_backward_main(const BackwardParams& bp, const BackwardScratch& ws,
+                              cudaStream_t stream) {
+  const AttentionParams& p = bp.fwd;
+  auto* kernel = &mma_backward_kernel<T, Cfg, Logits, kAligned>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  Cfg::kSmemBytes),
+             "cudaFuncSetAttribute(mma_backward_kernel)");
+  const dim3 grid(static_cast<unsigned>((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN),
+                  static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(bp, ws);
+  check_launch("mma_backward_kernel");
+}
+
+// The whole backward for one head-dim configuration, the workspace at `workspace`.
+template <class T, class Cfg>
+void run_mma_backward_passes(const BackwardParams& bp, void* workspace, cudaStream_t stream) {
+  const AttentionParams& p = bp.fwd;
+  const BackwardWorkspace layout = backward_workspace(bp, Cfg::kHeadDim, Cfg::kBlockM);
+  auto* base = static_cast<unsigned char*>(workspace);
+  BackwardScratch ws;
+  ws.d = reinterpret_cast<float*>(base + layout.d_offset);
+  ws.dq = reinterpret_cast<float*>(base + layout.dq_offset);
+  ws.dq_strides = layout.dq_strides;
+  ws.sink_partials = reinterpret_cast<float*>(base + layout.sink_offset);
+  ws.sink_blocks = static_cast<int>(layout.sink_blocks);
+  ws.counters = reinterpret_cast<int*>(base + layout.counter_offset);
+  ws.query_blocks = static_cast<int>(layout.query_blocks);
+
+  check_cuda(cudaMemsetAsync(ws.dq, 0, size_t(layout.dq_floats) * 4, stream), "cudaMemsetAsync(dq)");
+  if (layout.counter_count > 0)
+    check_cuda(cudaMemsetAsync(ws.counters, 0, size_t(layout.counter_count) * 4, stream),
+               "cudaMemsetAsync(counters)");
+  if (p.is_varlen()) {
+    const dim3 block(32, 8);
+    const unsigned zero_blocks = 1024;
+    zero_rows_kernel<T><<<zero_blocks, block, 0, stream>>>(static_cast<T*>(bp.dk), bp.dk_strides,
+                                                           1, p.total_k, p.heads_kv, p.head_dim);
+    zero_rows_kernel<T><<<zero_blocks, block, 0, stream>>>(static_cast<T*>(bp.dv), bp.dv_strides,
+                                                           1, p.total_k, p.heads_kv, p.head_dim);
+    check_launch("zero_rows_kernel");
+  }
+  const unsigned heads = static_cast<unsigned>(p.heads_q), batch = static_cast<unsigned>(p.batch);
+  const dim3 rowsum_grid(static_cast<unsigned>(layout.sink_blocks), heads, batch);
+  if (p.seqlen_q > 0) {
+    backward_rowsum_kernel<T><<<rowsum_grid, 256, 0, stream>>>(bp, ws);
+    check_launch("backward_rowsum_kernel");
+  }
+  if (p.seqlen_k > 0) {
+    if (backward_rows_aligned_16(bp)) {
+      with_logits_flags(p, [&](auto logits) {
+        launch_mma_backward_main<T, Cfg, decltype(logits), true>(bp, ws, stream);
+      });
+    } else {
+      launch_mma_backward_main<T, Cfg, RuntimeLogits, false>(bp, ws, stream);
+    }
+  }
+  if (p.seqlen_q > 0) {
+    const int chunks = static_cast<int>((p.head_dim + 7) / 8);
+    const int rows_per_block = 256 / chunks;
+    const dim3 dq_grid(static_cast<unsigned>((p.seqlen_q + rows_per_block - 1) / rows_per_block),
+                       heads, batch);
+    backward_dq_kernel<T><<<dq_grid, 256, 0, stream>>>(bp, ws, rows_per_block);
+    check_launch("backward_dq_kernel");
+  }
+  if (bp.dsinks != nullptr) {
+    backward_dsinks_kernel<T><<<1, 256, 0, stream>>>(bp, ws);
+    check_launch("backward_dsinks_kernel");
+  }
+}
+
+}  // namespace flashtile::detail::mma

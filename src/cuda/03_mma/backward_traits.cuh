@@ -1,0 +1,50 @@
+// Tile sizes of the cuda_mma backward (backward_kernel.cuh), one configuration per
+// specialised head dim; any head dim 1..128 runs zero-padded on the next one up.
+// MmaBackwardConfig<kHeadDim, kBlockM, kNWarps (16 keys each), kMinBlocks>.
+// Larger head dims are refused: dK and dV of a warp's 16 keys live in 2·kHeadDim/2
+// fp32 registers per thread, which at 256 leaves nothing for S and dP.
+#pragma once
+
+#include "cuda/03_mma/backward_kernel.cuh"
+
+namespace flashtile::detail::mma {
+
+inline constexpr int kBackwardHeadDims[] = {64, 128};
+
+template <int kHeadDim>
+struct MmaBackwardTraits;
+// 64 keys x 64 query rows per step, 4 warps, two CTAs per SM (56 KB / 104 KB of shared
+// memory, <= 255 registers): the first configuration, the one the suite has run on.
+// Measured (H200, bf16, one call, 2026-12-01; docs/JOURNEY.md "Step 3b"), TFLOP/s of the
+// backward at seqlen 1k / 4k / 16k, non-causal:
+//   this configuration      d=64  90.5 /  99.5 / 103.2   d=128  87.5 / 102.8 / 110.2
+//   <D, 64, 8, 1> (128 keys) d=64 114.7 / 122.9 / 129.3   d=128 133.0 / 150.3 / 157.5
+// The 8-warp shape is 1.01-1.52x faster (half the Q/dO loads and dQ atomics per key) but
+// not the default yet: the correctness suite has not run on it (its dQ split into two
+// column groups is a path this configuration does not take).
+template <>
+struct MmaBackwardTraits<64> : MmaBackwardConfig<64, 64, 4, 2> {};
+template <>
+struct MmaBackwardTraits<128> : MmaBackwardConfig<128, 64, 4, 2> {};
+
+// The smallest backward head dim that holds head_dim (0 when none does).
+constexpr int backward_head_dim(int64_t head_dim) {
+  for (int d : kBackwardHeadDims)
+    if (head_dim <= d) return d;
+  return 0;
+}
+
+template <class T, int kHeadDim>
+void run_mma_backward(const BackwardParams& bp, void* workspace, cudaStream_t stream) {
+  run_mma_backward_passes<T, MmaBackwardTraits<kHeadDim>>(bp, workspace, stream);
+}
+
+// Instantiated once per head dim in backward_hdim<D>.cu and nowhere else.
+#define FLASHTILE_MMA_BACKWARD_INSTANTIATIONS(prefix, D)                                     \
+  prefix template void run_mma_backward<__half, D>(const BackwardParams&, void*, cudaStream_t); \
+  prefix template void run_mma_backward<__nv_bfloat16, D>(const BackwardParams&, void*,         \
+                                                          cudaStream_t);
+FLASHTILE_MMA_BACKWARD_INSTANTIATIONS(extern, 64)
+FLASHTILE_MMA_BACKWARD_INSTANTIATIONS(extern, 128)
+
+}  // namespace flashtile::detail::mma

@@ -1,0 +1,312 @@
+// cuda_mma's backward (mma.sync, fp16/bf16) against the double oracle under the rule
+// (max|g - oracle| <= 2·max|g_lowprec - oracle| + 1e-4 on dq, dk, dv; dsinks as
+// verify_backward states): the backend grid (odd lengths 1..1025, sq != sk both ways,
+// MHA/GQA/MQA, strided views), every variant, varlen with empty and length-1 sequences and
+// seqused_k, every head dim 1..128 (the aligned and the narrow path), bitwise determinism
+// over 100 runs, the atomic mode within the rule over repeated runs, and the refusals
+// (nothing written). Every test skips without a CUDA device (CI).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <optional>
+#include <vector>
+
+#include "cpu/backward_case.hpp"
+#include "support/backend_grid.hpp"
+#include "support/device_case.hpp"
+#include "support/variants.hpp"
+
+namespace flashtile {
+namespace {
+
+using testing::BackwardCase;
+using testing::DeviceArray;
+using testing::DeviceCase;
+using testing::DeviceTensor;
+using testing::Shape;
+using testing::Variant;
+using testing::with_variant;
+
+constexpr Backend kMma = Backend::cuda_mma;
+
+#define SKIP_WITHOUT_MMA_DEVICE() FLASHTILE_SKIP_WITHOUT_BACKEND(kMma)
+
+// A host BackwardCase mirrored on the device: the forward's tensors (out restored after
+// DeviceCase's poison), its oracle lse, dout, and NaN-poisoned gradients.
+struct DeviceBackward {
+  DeviceCase fwd;
+  DeviceTensor dout, dq, dk, dv;
+  DeviceArray<float> dsinks;
+  DeviceBuffer lse;
+
+  explicit DeviceBackward(const BackwardCase& c)
+      : fwd(c.fwd),
+        dout(c.dout),
+        dq(c.dq),
+        dk(c.dk),
+        dv(c.dv),
+        dsinks(c.dsinks, 0),
+        lse(c.fwd.lse.size() * sizeof(float), 0) {
+    fwd.out.buffer.copy_from_host(c.fwd.out.bytes.data(), c.fwd.out.bytes.size());
+    lse.copy_from_host(c.fwd.lse.data(), c.fwd.lse.size() * sizeof(float));
+  }
+
+  Options options(const BackwardCase& c, bool deterministic) const {
+    Options o = fwd.options(c.fwd, kMma);
+    o.lse = nullptr;  // an argument of backward
+    o.deterministic = deterministic;
+    o.dsinks = dsinks.data();
+    return o;
+  }
+
+  void poison() {
+    dq.buffer.fill_bytes(0xFF);
+    dk.buffer.fill_bytes(0xFF);
+    dv.buffer.fill_bytes(0xFF);
+    if (dsinks.data() != nullptr) dsinks.buffer.fill_bytes(0xFF);
+  }
+
+  // Runs the backward on the device and copies the gradients into c.
+  void run(BackwardCase& c, bool deterministic = false) {
+    poison();
+    const Options o = options(c, deterministic);
+    const auto* lse_data = static_cast<const float*>(lse.data());
+    if (const std::optional<Varlen> vl = fwd.varlen(c.fwd))
+      backward_varlen(fwd.q.view, fwd.k.view, fwd.v.view, fwd.out.view, dout.view, lse_data,
+                      dq.view, dk.view, dv.view, *vl, o);
+    else
+      backward(fwd.q.view, fwd.k.view, fwd.v.view, fwd.out.view, dout.view, lse_data, dq.view,
+               dk.view, dv.view, o);
+    cuda_synchronize(0);
+    copy_back(c);
+  }
+  void copy_back(BackwardCase& c) const {
+    dq.buffer.copy_to_host(c.dq.bytes.data(), c.dq.bytes.size());
+    dk.buffer.copy_to_host(c.dk.bytes.data(), c.dk.bytes.size());
+    dv.buffer.copy_to_host(c.dv.bytes.data(), c.dv.bytes.size());
+    if (!c.dsinks.empty())
+      dsinks.buffer.copy_to_host(c.dsinks.data(), c.dsinks.size() * sizeof(float));
+  }
+};
+
+// The largest error / bound ratio over dq, dk, dv (how close to the rule a suite came),
+// printed once at exit.
+struct Margin {
+  double worst = 0;
+  std::string worst_case;
+  void add(const BackwardCase& c, const GradientVerification& v) {
+    for (auto [err, bound] : {std::pair{v.dq_error, v.dq_bound}, std::pair{v.dk_error, v.dk_bound},
+                              std::pair{v.dv_error, v.dv_bound}})
+      if (bound > 0 && err / bound > worst) worst = err / bound, worst_case = c.fwd.shape.describe();
+  }
+  ~Margin() {
+    if (!worst_case.empty())
+      std::printf("[margin] worst gradient err/bound %.3f (%s)\n", worst, worst_case.c_str());
+  }
+};
+Margin margin;
+
+void expect_passes(const Shape& s, uint32_t seed = 1234) {
+  BackwardCase c(s, seed);
+  DeviceBackward d(c);
+  d.run(c);
+  margin.add(c, c.verify());
+  EXPECT_TRUE(testing::gradients_match(c));
+}
+
+Shape shape_of(DType dtype, int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
+               int64_t d) {
+  Shape s;
+  s.dtype = dtype;
+  s.batch = batch, s.seqlen_q = sq, s.seqlen_k = sk;
+  s.heads_q = hq, s.heads_kv = hkv, s.head_dim = d;
+  return s;
+}
+
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> all = {
+      {"full", {}},
+      {"causal", {}, true},
+      {"window both", {45, 12}},
+      {"window (0, 0)", {0, 0}},
+      {"window right only", {-1, 3}},
+      {"window left + causal", {70, -1}, true},
+      {"softcap 5", {}, false, 5.0f},
+      {"softcap 30 + causal", {}, true, 30.0f},
+      {"alibi (heads)", {}, false, 0.0f, true},
+      {"alibi (batch, heads) + causal", {}, true, 0.0f, true, true},
+      {"sinks", {}, false, 0.0f, false, false, true},
+      {"sinks + causal", {}, true, 0.0f, false, false, true},
+      {"softcap + alibi", {}, false, 20.0f, true},
+      {"all: window, softcap, alibi (b, h), sinks", {64, 7}, false, 12.0f, true, true, true},
+  };
+  return all;
+}
+
+class CudaMmaBackwardGrid : public ::testing::TestWithParam<DType> {};
+
+// Odd lengths with sq != sk both ways, causal or not, MHA/GQA/MQA, strided views; the two
+// specialised head dims, 96 (padded to 128) and 40 (the narrow path: not a multiple of 8).
+TEST_P(CudaMmaBackwardGrid, MatchesOracle) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  for (const Shape& s : testing::backend_grid({64, 128, 96, 40}, GetParam(), !testing::small_grid()))
+    expect_passes(s);
+}
+
+// Every variant over lengths that put the window edges, the diagonal and the ends of Q and
+// K inside blocks, rotating head dims, GQA/MQA and strides.
+TEST_P(CudaMmaBackwardGrid, VariantsMatchOracle) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  struct Lengths {
+    int64_t q, k;
+  };
+  std::vector<Lengths> lengths = {{1, 1}, {17, 200}, {200, 17}, {129, 129}, {100, 300}};
+  if (!testing::small_grid()) lengths.push_back({700, 513});
+  int rotate = 0;
+  for (const Variant& v : variants())
+    for (const Lengths& len : lengths) {
+      const int64_t head_dims[] = {64, 128, 96, 40};
+      Shape s = shape_of(GetParam(), 2, len.q, len.k, 4, 2, head_dims[rotate % 4]);
+      s.strided = rotate % 3 == 1;
+      if (rotate % 5 == 2) s.heads_kv = 1;  // MQA
+      ++rotate;
+      expect_passes(with_variant(s, v));
+    }
+}
+
+// Packed batches: empty sequences, length-1 sequences, sq != sk per sequence, seqused_k
+// (unused keys get dk = dv = 0), masks and the other features aligned per sequence.
+TEST_P(CudaMmaBackwardGrid, VarlenMatchesOracle) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  const Variant varlen_variants[] = {{"full", {}},
+                                     {"causal", {}, true},
+                                     {"window + sinks", {20, 3}, false, 0.0f, false, false, true},
+                                     {"causal softcap alibi sinks", {}, true, 15.0f, true, true, true}};
+  for (const testing::VarlenBatch& batch : testing::varlen_batches())
+    for (const Variant& v : varlen_variants)
+      for (int64_t d : {64, 128}) {
+        Shape s = shape_of(GetParam(), 1, 0, 0, 4, 2, d);
+        s.varlen_q = batch.q, s.varlen_k = batch.k, s.seqused_k = batch.used;
+        s.strided = d == 128;
+        expect_passes(with_variant(s, v));
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaMmaBackwardGrid, ::testing::Values(DType::bf16, DType::f16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(CudaMmaBackward, LongSequences) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  for (auto [sq, sk] : {std::pair{1023, 1025}, std::pair{1025, 1023}}) {
+    Shape s = shape_of(DType::bf16, 1, sq, sk, 2, 1, 64);
+    expect_passes(with_variant(s, {"causal", {}, true}));
+    s.head_dim = 128;
+    expect_passes(with_variant(s, {"window + softcap + alibi + sinks", {129, 200}, false, 1.5f,
+                                   true, false, true}));
+  }
+}
+
+// Every head dim up to 128 runs zero-padded on 64 or 128; dims that are not multiples of 8
+// take the narrow path.
+TEST(CudaMmaBackward, EveryHeadDimTo128) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  for (int64_t d : {1, 2, 3, 7, 8, 15, 16, 31, 33, 48, 63, 64, 65, 72, 100, 127, 128}) {
+    Shape s = shape_of(d % 2 == 0 ? DType::bf16 : DType::f16, 2, 70, 67, 2, 1, d);
+    s.causal = true;
+    s.softcap = 3.0f;
+    s.sinks = true;
+    s.strided = d % 3 == 0;
+    expect_passes(s);
+  }
+}
+
+// Deterministic mode: the dQ adds in key-block order give the same bits on every run (GQA
+// folds the group's heads in a fixed order; dsinks is a fixed-order sum in both modes).
+TEST(CudaMmaBackward, DeterministicIsBitwiseEqualOver100Runs) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  for (bool causal : {false, true}) {
+    Shape s = shape_of(DType::bf16, 2, 700, 650, 4, 2, 128);
+    s.causal = causal;
+    s.sinks = true;
+    s.alibi = !causal;
+    BackwardCase c(s);
+    DeviceBackward d(c);
+    d.run(c, /*deterministic=*/true);
+    ASSERT_TRUE(testing::gradients_match(c));
+    const std::vector<unsigned char> first = c.bytes();
+    for (int run = 1; run < 100; ++run) {
+      d.run(c, true);
+      ASSERT_EQ(c.bytes(), first) << "causal " << causal << " run " << run;
+    }
+  }
+}
+
+// The atomic mode's dQ adds come in any order: each run stays within the rule.
+TEST(CudaMmaBackward, AtomicModeStaysWithinTheRuleOverRuns) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  Shape s = shape_of(DType::f16, 1, 515, 513, 4, 1, 64);
+  s.window = {300, 40};
+  BackwardCase c(s);
+  DeviceBackward d(c);
+  for (int run = 0; run < 20; ++run) {
+    d.run(c, /*deterministic=*/false);
+    ASSERT_TRUE(testing::gradients_match(c)) << "run " << run;
+  }
+}
+
+TEST(CudaMmaBackward, PlanPicksCudaMmaWithLinearWorkspace) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  Shape s = shape_of(DType::bf16, 1, 1024, 1024, 2, 2, 64);
+  BackwardCase c(s);
+  DeviceBackward d(c);
+  Options o = d.options(c, false);
+  o.backend = Backend::automatic;
+  const Plan p = plan_backward(d.fwd.q.view, d.fwd.k.view, d.fwd.v.view, d.fwd.out.view,
+                               d.dout.view, static_cast<const float*>(d.lse.data()), d.dq.view,
+                               d.dk.view, d.dv.view, o);
+  EXPECT_EQ(p.backend, kMma);
+  // D (a float per row and head) and the fp32 dQ accumulator: O(N·d), far below N×N.
+  EXPECT_GE(p.workspace_bytes, 2 * 1024 * 4 + 2 * 1024 * 64 * 4);
+  EXPECT_LT(p.workspace_bytes, 1024 * 1024 * 4);
+  o.deterministic = true;
+  const Plan det = plan_backward(d.fwd.q.view, d.fwd.k.view, d.fwd.v.view, d.fwd.out.view,
+                                 d.dout.view, static_cast<const float*>(d.lse.data()), d.dq.view,
+                                 d.dk.view, d.dv.view, o);
+  EXPECT_GT(det.workspace_bytes, p.workspace_bytes);  // + one counter per query block
+}
+
+// What the backward refuses, with the reason, before anything is written.
+TEST(CudaMmaBackward, RefusesHeadDimsAbove128AndFp32WritingNothing) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  struct Refused {
+    DType dtype;
+    int64_t head_dim;
+    const char* reason;
+  };
+  for (const Refused& r : {Refused{DType::bf16, 160, "head_dim 1 to 128"},
+                           Refused{DType::f16, 256, "head_dim 1 to 128"},
+                           Refused{DType::f32, 64, "float16 and bfloat16"}}) {
+    BackwardCase c(shape_of(r.dtype, 1, 33, 40, 2, 1, r.head_dim));
+    DeviceBackward d(c);
+    d.poison();
+    const Options o = d.options(c, false);
+    try {
+      backward(d.fwd.q.view, d.fwd.k.view, d.fwd.v.view, d.fwd.out.view, d.dout.view,
+               static_cast<const float*>(d.lse.data()), d.dq.view, d.dk.view, d.dv.view, o);
+      ADD_FAILURE() << "head_dim " << r.head_dim << " was not refused";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+      EXPECT_NE(std::string(e.what()).find(r.reason), std::string::npos) << e.what();
+    }
+    cuda_synchronize(0);
+    d.copy_back(c);
+    for (const testing::HostTensor* g : {&c.dq, &c.dk, &c.dv})
+      for (unsigned char byte : g->bytes) ASSERT_EQ(byte, 0xFF) << "a refused call wrote";
+  }
+}
+
+}  // namespace
+}  // namespace flashtile
