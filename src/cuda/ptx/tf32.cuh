@@ -20,15 +20,18 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
 
 // The 3xTF32 split of an fp32 value: big = tf32(x), small = tf32(x - big), so that
 // x = big + small up to ~2^-22 relative (two 11-bit significands). x - big is exact in fp32.
-// An infinite x has no residual (inf - inf would be NaN and would turn a -inf score, which
-// only drops its key, into a NaN row): its small part is 0.
+// An infinite x travels in the small part instead (big = 0, small = x): of the three
+// products, big_a·big_b and small_a·big_b then meet it only as 0 and big_a·small_b carries
+// a·(±inf) with a's sign. Left in the big part, small_a·inf would add an infinity of the
+// residual's sign (either) or 0·inf = NaN, and turn a -inf score, which only drops its key,
+// into a NaN row.
 struct Tf32Split {
   uint32_t big, small;
 };
 __device__ __forceinline__ Tf32Split split_tf32(float x) {
   const uint32_t big = to_tf32(x);
-  const float residual = x - __uint_as_float(big);
-  return {big, fabsf(x) != __int_as_float(0x7f800000) ? to_tf32(residual) : 0u};
+  if (fabsf(x) == __int_as_float(0x7f800000)) return {0u, big};
+  return {big, to_tf32(x - __uint_as_float(big))};
 }
 
 // D = A·B + D for one 16x8x8 tile, operands tf32 bit patterns (see the layouts above).
