@@ -13,12 +13,13 @@
 // after its exp. FLASHTILE_TF32X3_MODE=single (backend.cu) keeps only big·big: plain TF32,
 // an opt-in whose error is recorded in docs/JOURNEY.md.
 //
-// Layout: Q, K and V tiles are fp32 rows in shared memory with a pitch of head_dim + 4
-// floats, which makes every fragment read below conflict-free (bank = 4·row + column).
-// Q is split once per CTA into a big and a small plane; K and V are split in registers as
-// their fragments are read. The S accumulator's row pairs (columns 2t, 2t+1) feed P·V's A
-// operand directly by taking key 2t as k-index t and key 2t+1 as t+4 (the sum over keys does
-// not care about their order), V's B fragment reading the same two keys: no shuffles.
+// Layout: Q, K and V tiles are fp32 rows in shared memory (pitches in Tf32Config make every
+// fragment read conflict-free). Each tile is split once per CTA where it lands, into a big
+// and a small plane (for Q once per CTA, for K and V once per tile), so fragments are plain
+// shared loads. In Q·Kᵀ dim 2t of each 8-dim k-step is k-index t and 2t + 1 is t + 4, so a
+// lane's two A (or B) values of a row are one 8-byte load. The S accumulator's row pairs
+// (columns 2t, 2t+1) feed P·V's A operand directly the same way (key 2t as k-index t, 2t + 1
+// as t + 4), V's B fragment reading the same two keys: no shuffles.
 //
 // On the feature core, as cuda_mma: key tiles from key_blocks(), the mask only on
 // needs_mask() tiles, LogitsTransform::apply with the precise tanh, sinks and the NaN rule at
@@ -66,18 +67,26 @@ struct Tf32Config {
   static constexpr int kKSteps = kHeadDim / 8;    // 8-wide k-steps of Q·Kᵀ
   static constexpr int kDTiles = kHeadDim / 8;    // 8-column tiles of O
   static constexpr int kPvSteps = kBlockN / 8;    // 8-key k-steps of P·V
-  static constexpr int kPitch = kHeadDim + 4;     // floats per shared row (conflict-free)
-  static constexpr int kChunks = kHeadDim / 4;    // 16-byte chunks per row
-  static constexpr int kPlaneFloats = kBlockM * kPitch;  // one Q plane
-  static constexpr int kTileFloats = kBlockN * kPitch;   // one K or V plane
-  static constexpr int kStageFloats = 4 * kTileFloats;   // K big, K small, V big, V small
-  // [ Q big (kBlockM, kPitch) | Q small | stage 0: K big (kBlockN, kPitch), K small, V big,
-  //   V small | stage 1 ... ]
+  // Floats per shared row. Q and K fragments are read as 8-byte pairs (columns 2t, 2t+1 of
+  // row g): a pitch of 8 mod 32 puts a half-warp's pairs in 32 distinct banks. V fragments
+  // are single floats of rows 2t, 2t+1 and column g: 4 mod 32 does the same for them.
+  static constexpr int kQkPitch = kHeadDim + 8;
+  static constexpr int kVPitch = kHeadDim + 4;
+  static constexpr int kChunks = kHeadDim / 4;  // 16-byte chunks per row
+  static constexpr int kQPlaneFloats = kBlockM * kQkPitch;  // one Q plane
+  static constexpr int kKPlaneFloats = kBlockN * kQkPitch;  // one K plane
+  static constexpr int kVPlaneFloats = kBlockN * kVPitch;   // one V plane
+  static constexpr int kStageFloats = 2 * kKPlaneFloats + 2 * kVPlaneFloats;
+  // [ Q big (kBlockM, kQkPitch) | Q small | stage 0: K big (kBlockN, kQkPitch), K small,
+  //   V big (kBlockN, kVPitch), V small | stage 1 ... ]
   static constexpr int kSmemBytes =
-      (2 * kPlaneFloats + kStages * kStageFloats) * int(sizeof(float));
+      (2 * kQPlaneFloats + kStages * kStageFloats) * int(sizeof(float));
 
   static_assert(kHeadDim % 8 == 0, "head dim: whole 8-wide k-steps and d-tiles");
-  static_assert(kPitch % 32 == 4, "the pitch makes fragment reads conflict-free");
+  static_assert(kQkPitch % 32 == 8 && kVPitch % 32 == 4,
+                "the pitches make fragment reads conflict-free");
+  static_assert(kQPlaneFloats % 4 == 0 && kKPlaneFloats % 4 == 0 && kVPlaneFloats % 4 == 0,
+                "planes start on 16 bytes (cp.async, float4 splits)");
   static_assert(kBlockM % kNWarps == 0 && kWarpRows % 16 == 0,
                 "each warp owns a whole number of 16-row mma tiles");
   static_assert(kBlockN % 8 == 0, "K/V tiles hold whole 8-key n-tiles");
@@ -113,9 +122,9 @@ inline bool rows_aligned_16(const AttentionParams& p) {
 }
 
 // Rows [0, kRows) of a strided fp32 tensor (row 0 at src) into a shared tile of pitch
-// Cfg::kPitch; rows >= valid_rows and columns >= head_dim are zero, so padding never brings
+// kPitch; rows >= valid_rows and columns >= head_dim are zero, so padding never brings
 // garbage (0·NaN) into the products. kAligned: 16-byte cp.async, else synchronous loads.
-template <class Cfg, int kRows, bool kAligned>
+template <class Cfg, int kRows, int kPitch, bool kAligned>
 __device__ __forceinline__ void load_tile(float* tile, const float* src, int64_t row_stride,
                                           int valid_rows, int head_dim) {
   if constexpr (kAligned) {
@@ -125,31 +134,41 @@ __device__ __forceinline__ void load_tile(float* tile, const float* src, int64_t
       const int row = i / Cfg::kChunks, chunk = i % Cfg::kChunks;
       const bool ok = row < valid_rows && chunk < valid_chunks;
       const float* from = ok ? src + row * row_stride + chunk * 4 : src;
-      ptx::cp_async_16(base + (row * Cfg::kPitch + chunk * 4) * 4, from, ok);
+      ptx::cp_async_16(base + (row * kPitch + chunk * 4) * 4, from, ok);
     }
   } else {
     for (int i = threadIdx.x; i < kRows * Cfg::kHeadDim; i += Cfg::kThreads) {
       const int row = i / Cfg::kHeadDim, col = i % Cfg::kHeadDim;
-      tile[row * Cfg::kPitch + col] =
+      tile[row * kPitch + col] =
           row < valid_rows && col < head_dim ? src[row * row_stride + col] : 0.0f;
     }
   }
 }
 
-// Splits the raw fp32 rows of a shared tile (loaded into `big`) in place: big keeps tf32(x),
-// small takes tf32(x - big) (3xTF32 only). Each element is one thread's, so no thread reads
-// what another writes; the caller synchronises before and after.
-template <class Cfg, int kRows, bool kSplit3>
+// Splits the raw fp32 rows of a shared tile (loaded into `big`, pitch kPitch) in place: big
+// keeps tf32(x), small takes tf32(x - big) (3xTF32 only). Each 16-byte chunk is one
+// thread's, so no thread reads what another writes; the caller synchronises around it.
+template <class Cfg, int kRows, int kPitch, bool kSplit3>
 __device__ __forceinline__ void split_tile(float* big, float* small) {
-  for (int i = threadIdx.x; i < kRows * Cfg::kHeadDim; i += Cfg::kThreads) {
-    const int at = (i / Cfg::kHeadDim) * Cfg::kPitch + i % Cfg::kHeadDim;
+  for (int i = threadIdx.x; i < kRows * Cfg::kChunks; i += Cfg::kThreads) {
+    const int at = (i / Cfg::kChunks) * kPitch + (i % Cfg::kChunks) * 4;
+    float4 x = *reinterpret_cast<const float4*>(big + at);
+    float* lanes[4] = {&x.x, &x.y, &x.z, &x.w};
     if constexpr (kSplit3) {
-      const ptx::Tf32Split x = ptx::split_tf32(big[at]);
-      big[at] = __uint_as_float(x.big);
-      small[at] = __uint_as_float(x.small);
+      float4 rest;
+      float* rest_lanes[4] = {&rest.x, &rest.y, &rest.z, &rest.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const ptx::Tf32Split parts = ptx::split_tf32(*lanes[e]);
+        *lanes[e] = __uint_as_float(parts.big);
+        *rest_lanes[e] = __uint_as_float(parts.small);
+      }
+      *reinterpret_cast<float4*>(small + at) = rest;
     } else {
-      big[at] = __uint_as_float(ptx::to_tf32(big[at]));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) *lanes[e] = __uint_as_float(ptx::to_tf32(*lanes[e]));
     }
+    *reinterpret_cast<float4*>(big + at) = x;
   }
 }
 
@@ -164,15 +183,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     tf32x3_forward_kernel(const AttentionParams p, const SplitArgs split_args) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kMTiles = Cfg::kMTiles, kNTiles = Cfg::kNTiles, kKSteps = Cfg::kKSteps;
-  constexpr int kDTiles = Cfg::kDTiles, kPvSteps = Cfg::kPvSteps, kPitch = Cfg::kPitch;
+  constexpr int kDTiles = Cfg::kDTiles, kPvSteps = Cfg::kPvSteps;
+  constexpr int kQkPitch = Cfg::kQkPitch, kVPitch = Cfg::kVPitch;
   constexpr bool kSplit3 = kPrecision == Precision::split3;
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
   extern __shared__ __align__(128) float smem[];
-  float* q_big = smem;                       // (kBlockM, kPitch)
-  float* q_small = smem + Cfg::kPlaneFloats;  // (kBlockM, kPitch)
-  float* kv_ring = smem + 2 * Cfg::kPlaneFloats;
+  float* q_big = smem;                        // (kBlockM, kQkPitch)
+  float* q_small = smem + Cfg::kQPlaneFloats;  // (kBlockM, kQkPitch)
+  float* kv_ring = smem + 2 * Cfg::kQPlaneFloats;
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
@@ -198,8 +218,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const float* k_head = static_cast<const float*>(p.k) + seq.k_offset(p, b, 0, hk);
   const float* v_head = static_cast<const float*>(p.v) + seq.v_offset(p, b, 0, hk);
 
-  load_tile<Cfg, kBlockM, kAligned>(q_big, q_tile, p.q_row_stride, seq.seqlen_q - row_start,
-                                    head_dim);
+  load_tile<Cfg, kBlockM, kQkPitch, kAligned>(q_big, q_tile, p.q_row_stride,
+                                              seq.seqlen_q - row_start, head_dim);
   ptx::cp_async_commit();
   auto issue_tile = [&](int tile) {
     if (tile < n_tiles) {
@@ -207,11 +227,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       float* k_stage = kv_ring + (tile % kStages) * Cfg::kStageFloats;
       const int valid_rows = seq.seqlen_k - n0;
       // Raw rows into the big planes; split_tile splits them once they have landed.
-      load_tile<Cfg, kBlockN, kAligned>(k_stage, k_head + n0 * p.k_row_stride, p.k_row_stride,
-                                        valid_rows, head_dim);
-      load_tile<Cfg, kBlockN, kAligned>(k_stage + 2 * Cfg::kTileFloats,
-                                        v_head + n0 * p.v_row_stride, p.v_row_stride, valid_rows,
-                                        head_dim);
+      load_tile<Cfg, kBlockN, kQkPitch, kAligned>(k_stage, k_head + n0 * p.k_row_stride,
+                                                  p.k_row_stride, valid_rows, head_dim);
+      load_tile<Cfg, kBlockN, kVPitch, kAligned>(k_stage + 2 * Cfg::kKPlaneFloats,
+                                                 v_head + n0 * p.v_row_stride, p.v_row_stride,
+                                                 valid_rows, head_dim);
     }
     ptx::cp_async_commit();  // empty groups keep the wait counts uniform
   };
@@ -221,7 +241,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Q is split once: the big plane overwrites the raw rows, the small plane takes the rest.
   ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
   __syncthreads();
-  split_tile<Cfg, kBlockM, kSplit3>(q_big, q_small);
+  split_tile<Cfg, kBlockM, kQkPitch, kSplit3>(q_big, q_small);
   // (the first iteration's __syncthreads publishes the planes)
 
   const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
@@ -247,15 +267,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     __syncthreads();                    // ... for every thread; the oldest stage is free
     issue_tile(tile + kStages - 1);
 
-    // K (kBlockN, kPitch) big and small planes, then V's.
+    // K (kBlockN, kQkPitch) big and small planes, then V's (kBlockN, kVPitch).
     float* k_big = kv_ring + (tile % kStages) * Cfg::kStageFloats;
-    float* k_small = k_big + Cfg::kTileFloats;
-    float* v_big = k_small + Cfg::kTileFloats;
-    float* v_small = v_big + Cfg::kTileFloats;
+    float* k_small = k_big + Cfg::kKPlaneFloats;
+    float* v_big = k_small + Cfg::kKPlaneFloats;
+    float* v_small = v_big + Cfg::kVPlaneFloats;
     // Split once per CTA rather than once per warp in registers (which also kept every
     // k-step's fragments live and spilled).
-    split_tile<Cfg, kBlockN, kSplit3>(k_big, k_small);
-    split_tile<Cfg, kBlockN, kSplit3>(v_big, v_small);
+    split_tile<Cfg, kBlockN, kQkPitch, kSplit3>(k_big, k_small);
+    split_tile<Cfg, kBlockN, kVPitch, kSplit3>(v_big, v_small);
     __syncthreads();
     const int n_block = blocks.end - 1 - tile;
     const int n0 = n_block * kBlockN;
@@ -270,27 +290,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int r = 0; r < 4; ++r) s[mt][nt][r] = s_corr[mt][nt][r] = 0.0f;
+    // k-step ks covers dims 8ks .. 8ks + 7 with dim 2t as k-index t and 2t + 1 as t + 4
+    // (the sum over dims does not care about their order, as long as A and B agree): each
+    // fragment pair is then one 8-byte read.
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       uint32_t a_big[kMTiles][4], a_small[kMTiles][4];  // Q (16, 8) per m-tile
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-        const int row = warp_row0 + mt * 16 + g;
-        const int at[4] = {row * kPitch + ks * 8 + t, (row + 8) * kPitch + ks * 8 + t,
-                           row * kPitch + ks * 8 + t + 4, (row + 8) * kPitch + ks * 8 + t + 4};
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          a_big[mt][r] = __float_as_uint(q_big[at[r]]);
-          if constexpr (kSplit3) a_small[mt][r] = __float_as_uint(q_small[at[r]]);
+        // a0, a2 = Q[g][2t], Q[g][2t+1]; a1, a3 = the same of row g + 8.
+        const int at = (warp_row0 + mt * 16 + g) * kQkPitch + ks * 8 + 2 * t;
+        const float2 big_g = *reinterpret_cast<const float2*>(q_big + at);
+        const float2 big_g8 = *reinterpret_cast<const float2*>(q_big + at + 8 * kQkPitch);
+        a_big[mt][0] = __float_as_uint(big_g.x), a_big[mt][2] = __float_as_uint(big_g.y);
+        a_big[mt][1] = __float_as_uint(big_g8.x), a_big[mt][3] = __float_as_uint(big_g8.y);
+        if constexpr (kSplit3) {
+          const float2 small_g = *reinterpret_cast<const float2*>(q_small + at);
+          const float2 small_g8 = *reinterpret_cast<const float2*>(q_small + at + 8 * kQkPitch);
+          a_small[mt][0] = __float_as_uint(small_g.x), a_small[mt][2] = __float_as_uint(small_g.y);
+          a_small[mt][1] = __float_as_uint(small_g8.x), a_small[mt][3] = __float_as_uint(small_g8.y);
         }
       }
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
-        // K (8 keys, 8 dims) as B: b0 = K[key g][dim t], b1 = K[key g][dim t + 4].
-        const int at = (nt * 8 + g) * kPitch + ks * 8 + t;
-        const ptx::Tf32Split b0 = {__float_as_uint(k_big[at]), __float_as_uint(k_small[at])};
-        const ptx::Tf32Split b1 = {__float_as_uint(k_big[at + 4]),
-                                   __float_as_uint(k_small[at + 4])};
+        // K (8 keys, 8 dims) as B: b0, b1 = K[key g][2t], K[key g][2t+1].
+        const int at = (nt * 8 + g) * kQkPitch + ks * 8 + 2 * t;
+        const float2 big = *reinterpret_cast<const float2*>(k_big + at);
+        float2 small = big;  // unused by the single-TF32 kernel
+        if constexpr (kSplit3) small = *reinterpret_cast<const float2*>(k_small + at);
+        const ptx::Tf32Split b0 = {__float_as_uint(big.x), __float_as_uint(small.x)};
+        const ptx::Tf32Split b1 = {__float_as_uint(big.y), __float_as_uint(small.y)};
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           if constexpr (kSplit3) {
@@ -393,7 +422,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     // corrections apart, as for S) and added to O in fp32 round-to-nearest: accumulated on
     // the tensor cores over every key, O's error grew with the sequence (8.7e-4 normwise at
     // N = 131072 on the H200, where the rule is 1e-5).
-    const int v_lane = 2 * t * kPitch + g;
+    const int v_lane = 2 * t * kVPitch + g;
 #pragma unroll
     for (int dt = 0; dt < kDTiles; ++dt) {
       float pv[kMTiles][4], pv_corr[kMTiles][4];  // (16, 8) per m-tile
@@ -403,10 +432,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         for (int r = 0; r < 4; ++r) pv[mt][r] = pv_corr[mt][r] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < kPvSteps; ++kk) {
-        const int at = v_lane + kk * 8 * kPitch + dt * 8;
+        const int at = v_lane + kk * 8 * kVPitch + dt * 8;
         const ptx::Tf32Split b0 = {__float_as_uint(v_big[at]), __float_as_uint(v_small[at])};
-        const ptx::Tf32Split b1 = {__float_as_uint(v_big[at + kPitch]),
-                                   __float_as_uint(v_small[at + kPitch])};
+        const ptx::Tf32Split b1 = {__float_as_uint(v_big[at + kVPitch]),
+                                   __float_as_uint(v_small[at + kVPitch])};
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           if constexpr (kSplit3) {
