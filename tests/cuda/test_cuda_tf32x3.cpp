@@ -332,8 +332,9 @@ TEST(CudaTf32x3, NonFiniteValuesFollowTheRule) {
   SKIP_WITHOUT_TF32X3();
   for (const char* splits : {"1", "4"}) {
     const ScopedEnv pinned = pin_splits(splits);
-    int ran = 0;
-    for (const testing::NonFiniteCase& nf : testing::nonfinite_cases(DType::f32, true)) {
+    const std::vector<testing::NonFiniteCase> cases = testing::nonfinite_cases(DType::f32, true);
+    ASSERT_FALSE(cases.empty());
+    for (const testing::NonFiniteCase& nf : cases) {
       AttentionCase c(nf.shape);
       nf.plant(c);
       DeviceCase d(c);
@@ -341,9 +342,7 @@ TEST(CudaTf32x3, NonFiniteValuesFollowTheRule) {
       EXPECT_TRUE(testing::matches_nonfinite_oracle(c, testing::nonfinite_tolerance(DType::f32),
                                                     nf.expect_nan, nf.spreading_v_channel))
           << nf.name << ", splits " << splits;
-      ++ran;
     }
-    EXPECT_GE(ran, 10);
   }
 }
 
