@@ -3,7 +3,9 @@
 # (sharded, the oracle on the host's cores), compute-sanitizer on a small subset, and
 # optionally the fp32 field grid beside PyTorch SDPA. Binaries built elsewhere for sm_90a
 # come in bins.tar.xz (BIN= a folder that already holds them skips the unpacking).
-# Usage: OUT=dir bench/tf32x3_device_run.sh [bench|tests|sanitize|grid|peers]...
+# Usage: OUT=dir bench/tf32x3_device_run.sh [checks|bench|tests|sanitize|grid|peers]...
+# (checks = tests and sanitize side by side, waited for by process id: a `pgrep -f` on the
+# binaries' names also matches the calling shell, whose command line names them.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-tf32x3-logs}
@@ -15,6 +17,13 @@ F=$bin/flashtile
 writeup="--dtype fp32 --batch 1 --heads 1 --seqlen 1024 --head-dim 64"
 for what in "$@"; do
   case $what in
+    checks)
+      "$0" tests > "$out/tests.txt" 2>&1 &
+      tests_pid=$!
+      "$0" sanitize > "$out/sanitize.txt" 2>&1
+      wait $tests_pid
+      cat "$out/tests.txt" "$out/sanitize.txt"
+      ;;
     bench)
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
       timeout 60 $F bench $writeup --backends cuda_tf32x3,cuda_tiled,cpu_standard,cpu_flash --repeats 50 \
