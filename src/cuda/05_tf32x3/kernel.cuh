@@ -8,10 +8,17 @@
 //   small·big + big·small + big·big
 // (the 3xTF32 scheme: Ootomo & Yokota, "Recovering single precision accuracy from Tensor
 // Cores while surpassing the FP32 theoretical peak performance", IJHPCA 2022; the dropped
-// small·small term is ~2^-22 relative, and the small terms go in first so that they are not
-// absorbed by the larger partial sum). Both S = Q·Kᵀ and O += P·V are split; P is split
-// after its exp. FLASHTILE_TF32X3_MODE=single (backend.cu) keeps only big·big: plain TF32,
-// an opt-in whose error is recorded in docs/JOURNEY.md.
+// small·small term is ~2^-22 relative). The tensor cores' accumulator rounds toward zero, so
+// the correction products get accumulators of their own and every tensor-core sum is short
+// (S over the head dim, P·V over one key tile) before it joins an fp32 round-to-nearest add:
+// accumulating O over all keys on the tensor cores gave 8.7e-4 at N = 131072. Both
+// S = Q·Kᵀ and O += P·V are split; P is split after its exp. FLASHTILE_TF32X3_MODE=single
+// (backend.cu) keeps only big·big: plain TF32, an opt-in whose error (2.3e-4..3.3e-4) is
+// recorded in docs/JOURNEY.md.
+//
+// Measured (H200, docs/JOURNEY.md step 2b): 29.1-36.6 TFLOP/s of fp32 work on the field grid
+// (fp32, 16k tokens, d 64/128), 24-31% of the 119 TFLOP/s that 3 tf32 products per fp32 one
+// leave of the 356 TFLOP/s ceiling; the write-up's case 22.8 us with 16 key splits.
 //
 // Layout: Q, K and V tiles are fp32 rows in shared memory (pitches in Tf32Config make every
 // fragment read conflict-free). Each tile is split once per CTA where it lands, into a big
@@ -513,7 +520,8 @@ void launch_tf32x3_forward(const AttentionParams& p, const SplitArgs& split_args
 }
 
 // Tile sizes per specialised head dim (H200: two CTAs of 4 warps per SM at d=64, one of 8
-// warps at d=128; 227 KB of shared memory per CTA at most).
+// warps at d=128; 227 KB of shared memory per CTA at most). Chosen by what fits, not yet by
+// a measured sweep: no alternative has been timed.
 template <int kHeadDim>
 struct Tf32Traits;
 template <>
