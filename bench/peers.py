@@ -3,7 +3,9 @@
 
 Grid (../shared/ANCHORS.md): 16k tokens (batch = 16384 / seqlen), hidden 2048
 (heads = 2048 / head_dim), seqlen 512..16k, head_dim 64/128/256, causal and not,
-bf16 and fp16. FLOPs = 4·b·s²·h·d, halved when causal.
+bf16 and fp16, or fp32 (--dtype f32: TF32 matmul is switched off in torch, so the peers
+compute in fp32; only EFFICIENT_ATTENTION and MATH take fp32). FLOPs = 4·b·s²·h·d, halved
+when causal.
 
 Peers: torch.nn.functional.scaled_dot_product_attention restricted with
 torch.nn.attention.sdpa_kernel to FLASH_ATTENTION (FlashAttention-2), CUDNN_ATTENTION and
@@ -42,9 +44,12 @@ PEERS = {
     "flash": SDPBackend.FLASH_ATTENTION,
     "cudnn": SDPBackend.CUDNN_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,  # unfused matmul-softmax-matmul (opt-in: --peers ...,math)
 }
-TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
-JSON_DTYPES = {"bfloat16": "bf16", "float16": "f16", "bf16": "bf16", "f16": "f16"}
+DEFAULT_PEERS = ["flash", "cudnn", "efficient"]
+TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+JSON_DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "bf16": "bf16", "f16": "f16",
+               "f32": "f32"}
 # FLOPs of each pass in units of the forward's (FlashAttention's convention).
 PASS_FLOPS = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 
@@ -144,7 +149,8 @@ def ratio_table(rows, ours):
     lines = [f"{'dtype':5s} {'d':>3s} {'causal':6s} {'seqlen':>6s} | "
              + " ".join(f"{n:>9s}" for n in names)
              + f" {'flash':>7s} {'cudnn':>7s} {'effic':>7s} | "
-             + " ".join(f"{n[-4:] + '/fa':>7s} {n[-4:] + '/cd':>7s}" for n in names) + "   (TFLOP/s)"]
+             + " ".join(f"{n[-4:] + '/fa':>7s} {n[-4:] + '/cd':>7s} {n[-4:] + '/ef':>7s}"
+                        for n in names) + "   (TFLOP/s)"]
     table = []
     for key in keys:
         get = lambda impl: index.get((impl,) + key, {}).get("tflops")
@@ -157,7 +163,8 @@ def ratio_table(rows, ours):
             row[name] = ft
             row[name + "_vs_flash"] = ft / fa if ft and fa else None
             row[name + "_vs_cudnn"] = ft / cd if ft and cd else None
-            ratios += [row[name + "_vs_flash"], row[name + "_vs_cudnn"]]
+            row[name + "_vs_efficient"] = ft / ef if ft and ef else None
+            ratios += [row[name + "_vs_flash"], row[name + "_vs_cudnn"], row[name + "_vs_efficient"]]
         table.append(row)
         lines.append(f"{key[0]:5s} {key[1]:3d} {'yes' if key[2] else 'no':6s} {key[3]:6d} | "
                      + " ".join(fmt(row[n], 9) for n in names)
@@ -174,7 +181,7 @@ def main():
     p.add_argument("--seqlens", type=ints, default=[512, 1024, 2048, 4096, 8192, 16384])
     p.add_argument("--causal", type=lambda s: [bool(int(x)) for x in s.split(",")],
                    default=[False, True])
-    p.add_argument("--peers", type=lambda s: s.split(","), default=list(PEERS))
+    p.add_argument("--peers", type=lambda s: s.split(","), default=DEFAULT_PEERS)
     p.add_argument("--backends", type=lambda s: s.split(","), default=["cuda_mma"],
                    help="flashtile backends to time beside the peers, comma-separated")
     p.add_argument("--cli", default="build/tools/flashtile",
@@ -184,15 +191,19 @@ def main():
     p.add_argument("--out", default="bench/results")
     p.add_argument("--pass", dest="pass_", choices=list(PASS_FLOPS), default="fwd",
                    help="fwd (default), bwd (the backward alone) or fwdbwd")
+    p.add_argument("--tag", default="", help="suffix of the output files (peers<tag>.json/.csv)")
     args = p.parse_args()
 
     os.makedirs(args.out, exist_ok=True)
+    # fp32 means fp32: no TF32 in torch's matmuls (the MATH peer) or convolutions.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     env = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
                cuda=torch.version.cuda)
     print(f"device {env['device']}, torch {env['torch']}, CUDA {env['cuda']}", file=sys.stderr)
     rows = run_peers(args) + run_flashtile(args)
     text, table = ratio_table(rows, ["flashtile:" + b for b in args.backends])
-    stem = "peers" if args.pass_ == "fwd" else "peers_" + args.pass_
+    stem = ("peers" if args.pass_ == "fwd" else "peers_" + args.pass_) + args.tag
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({"env": env, "pass": args.pass_, "rows": rows, "ratios": table}, f, indent=1)
     with open(os.path.join(args.out, stem + ".csv"), "w", newline="") as f:

@@ -61,6 +61,7 @@ enum class Backend {
   cpu_flash,      // tiled online-softmax on the CPU (SIMD + threads)
   cuda_naive,     // journey step 1: one thread per query row
   cuda_tiled,     // journey step 2: shared-memory tiles, scores in registers
+  cuda_tf32x3,    // journey step 2b: fp32 on tensor cores, split TF32 (3xTF32), sm_80+
   cuda_mma,       // journey step 3: tensor cores (mma.sync), fp16/bf16, sm_80+
   cuda_sm90,      // journey step 4: Hopper wgmma, fp16/bf16, sm_90a (built for 90a only)
 };

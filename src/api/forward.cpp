@@ -122,6 +122,7 @@ std::string_view backend_name(Backend backend) {
     case Backend::cpu_flash: return "cpu_flash";
     case Backend::cuda_naive: return "cuda_naive";
     case Backend::cuda_tiled: return "cuda_tiled";
+    case Backend::cuda_tf32x3: return "cuda_tf32x3";
     case Backend::cuda_mma: return "cuda_mma";
     case Backend::cuda_sm90: return "cuda_sm90";
   }
@@ -131,8 +132,8 @@ std::string_view backend_name(Backend backend) {
 const std::vector<Backend>& all_backends() {
   static const std::vector<Backend> backends = {Backend::cpu_reference, Backend::cpu_standard,
                                                 Backend::cpu_flash,     Backend::cuda_naive,
-                                                Backend::cuda_tiled,    Backend::cuda_mma,
-                                                Backend::cuda_sm90};
+                                                Backend::cuda_tiled,    Backend::cuda_tf32x3,
+                                                Backend::cuda_mma,      Backend::cuda_sm90};
   return backends;
 }
 
@@ -147,6 +148,7 @@ DeviceType backend_device(Backend backend) {
   switch (backend) {
     case Backend::cuda_naive:
     case Backend::cuda_tiled:
+    case Backend::cuda_tf32x3:
     case Backend::cuda_mma:
     case Backend::cuda_sm90: return DeviceType::cuda;
     default: return DeviceType::cpu;

@@ -9,6 +9,7 @@ BackendEntry make_cpu_flash_backend();
 #if FLASHTILE_WITH_CUDA
 BackendEntry make_cuda_naive_backend();
 BackendEntry make_cuda_tiled_backend();
+BackendEntry make_cuda_tf32x3_backend();
 BackendEntry make_cuda_mma_backend();
 BackendEntry make_cuda_sm90_backend();
 #endif
@@ -20,6 +21,7 @@ const std::vector<BackendEntry>& backend_registry() {
 #if FLASHTILE_WITH_CUDA
     entries.push_back(make_cuda_naive_backend());
     entries.push_back(make_cuda_tiled_backend());
+    entries.push_back(make_cuda_tf32x3_backend());
     entries.push_back(make_cuda_mma_backend());
     entries.push_back(make_cuda_sm90_backend());
 #endif

@@ -1,0 +1,207 @@
+// cuda_tf32x3 as a backend: what it accepts (checked on the host, before anything runs), how
+// many key splits a call gets, its workspace, and the two launches (forward, then the
+// split-KV combine when the keys are split). The kernel and its journey note are in
+// kernel.cuh.
+//
+// Two environment knobs, read per call (plan() and forward() agree on them):
+//   FLASHTILE_TF32X3_SPLITS=N  pins the key splits to N (1 = never split; at most 16)
+//                              instead of choosing them from the SM count
+//   FLASHTILE_TF32X3_MODE=single  plain TF32 (one product, ~1e-3 relative error: it fails
+//                              the fp32 rule and is never the default); "split" = 3xTF32
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "cuda/05_tf32x3/kernel.cuh"
+#include "cuda/device_guard.cuh"
+
+namespace flashtile::detail {
+namespace {
+
+constexpr int kMinComputeCapability = 80;  // mma.sync tf32, cp.async
+constexpr int kMaxHeadDim = 128;
+// A split keeps at least this many key blocks of its tile's heaviest range.
+constexpr int kMinBlocksPerSplit = 1;
+
+std::string device_unsuitable(int device_index) {
+  const ComputeCapability cc = compute_capability(device_index);
+  if (!cc.why.empty()) return cc.why;
+  if (cc.number() < kMinComputeCapability)
+    return "cuda_tf32x3 needs compute capability >= 8.0 (sm_80); device " +
+           std::to_string(device_index) + " has " + cc.text();
+  return "";
+}
+
+std::string tf32x3_unavailable() {
+  if (std::string why = cuda_backend_unavailable(); !why.empty()) return why;
+  return device_unsuitable(0);
+}
+
+// The geometry of the kernel that serves a head dim.
+struct Geometry {
+  int block_m = 0, block_n = 0, smem_bytes = 0, ctas_per_sm = 0, head_dim = 0;
+};
+template <class Cfg>
+Geometry geometry_of() {
+  return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kSmemBytes, Cfg::kMinBlocks, Cfg::kHeadDim};
+}
+Geometry geometry(int64_t head_dim) {
+  switch (tf32x3::specialised_head_dim(head_dim)) {
+    case 64: return geometry_of<tf32x3::Tf32Traits<64>>();
+    case 128: return geometry_of<tf32x3::Tf32Traits<128>>();
+  }
+  return {};
+}
+
+std::string tf32x3_unsupported(const AttentionParams& p) {
+  if (p.dtype != DType::f32)
+    return "cuda_tf32x3 supports float32; got " + std::string(dtype_name(p.dtype));
+  if (p.head_dim < 1 || p.head_dim > kMaxHeadDim)
+    return "cuda_tf32x3 supports head_dim 1 to " + std::to_string(kMaxHeadDim) + "; got " +
+           std::to_string(p.head_dim);
+  // Sequence positions are 32-bit inside the kernel (element offsets stay 64-bit).
+  constexpr int64_t kMaxSeqlen = INT_MAX - 1024;
+  if (p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen)
+    return "cuda_tf32x3 supports seqlen up to " + std::to_string(kMaxSeqlen) + "; got seqlen_q " +
+           std::to_string(p.seqlen_q) + ", seqlen_k " + std::to_string(p.seqlen_k);
+  if (std::string why = grid_unsupported(p); !why.empty()) return why;
+  if (std::string why = device_unsuitable(p.device_index); !why.empty()) return why;
+  int smem_optin = 0;
+  cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index);
+  if (const int needed = geometry(p.head_dim).smem_bytes; needed > smem_optin)
+    return "cuda_tf32x3 at head_dim " + std::to_string(p.head_dim) + " needs " +
+           std::to_string(needed) + " bytes of shared memory per block; device " +
+           std::to_string(p.device_index) + " allows " + std::to_string(smem_optin);
+  return "";
+}
+
+// FLASHTILE_TF32X3_SPLITS, or 0 when unset.
+int pinned_splits() {
+  const char* value = std::getenv("FLASHTILE_TF32X3_SPLITS");
+  if (value == nullptr || *value == '\0') return 0;
+  char* end = nullptr;
+  const long n = std::strtol(value, &end, 10);
+  if (*end != '\0' || n < 1 || n > kMaxSplits)
+    throw Error(ErrorKind::invalid_argument,
+                "FLASHTILE_TF32X3_SPLITS must be an integer from 1 to " +
+                    std::to_string(kMaxSplits) + "; got \"" + value + "\"");
+  return static_cast<int>(n);
+}
+
+tf32x3::Precision precision_from_environment() {
+  const char* value = std::getenv("FLASHTILE_TF32X3_MODE");
+  if (value == nullptr || *value == '\0' || std::string(value) == "split")
+    return tf32x3::Precision::split3;
+  if (std::string(value) == "single") return tf32x3::Precision::single;
+  throw Error(ErrorKind::invalid_argument,
+              std::string("FLASHTILE_TF32X3_MODE must be \"split\" or \"single\"; got \"") +
+                  value + "\"");
+}
+
+// How a call's keys are split, and what its partials take.
+struct SplitPlan {
+  int splits = 1, query_blocks = 0;
+  int64_t tiles = 0;
+  Geometry geo;
+  int64_t workspace_bytes() const {
+    return splits > 1 ? SplitPartials::bytes(tiles, splits, geo.block_m, geo.head_dim) : 0;
+  }
+};
+
+// Splits when the (query block, head, batch) tiles cannot fill the SMs (CTAs that fit at
+// once: SMs x CTAs per SM), as choose_splits decides for cpu_flash's threads.
+SplitPlan split_plan(const AttentionParams& p) {
+  SplitPlan plan;
+  plan.geo = geometry(p.head_dim);
+  plan.query_blocks = static_cast<int>((p.seqlen_q + plan.geo.block_m - 1) / plan.geo.block_m);
+  plan.tiles = p.batch * p.heads_q * plan.query_blocks;
+  if (const int pinned = pinned_splits(); pinned > 0) {
+    plan.splits = pinned;
+    return plan;
+  }
+  int sms = 0, smem_per_sm = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index),
+             "cudaDeviceGetAttribute(MultiProcessorCount)");
+  check_cuda(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+                                    p.device_index),
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerMultiprocessor)");
+  const int by_smem = smem_per_sm / plan.geo.smem_bytes;
+  const int ctas_per_sm = by_smem < plan.geo.ctas_per_sm ? by_smem : plan.geo.ctas_per_sm;
+  const int64_t key_blocks = (p.seqlen_k + plan.geo.block_n - 1) / plan.geo.block_n;
+  plan.splits = choose_splits(plan.tiles, key_blocks, int64_t(sms) * (ctas_per_sm > 0 ? ctas_per_sm : 1),
+                              kMinBlocksPerSplit, kMaxSplits);
+  return plan;
+}
+
+int64_t tf32x3_workspace_bytes(const AttentionParams& p) { return split_plan(p).workspace_bytes(); }
+
+// The split partials come from a stream-ordered pool of the backend's own per device, which
+// keeps up to kPoolKeepBytes between calls (the default pool would return them to the
+// driver at every synchronisation and pay for the allocation again).
+constexpr uint64_t kPoolKeepBytes = uint64_t(64) << 20;
+cudaMemPool_t workspace_pool(int device) {
+  static std::mutex mutex;
+  static auto* pools = new std::map<int, cudaMemPool_t>();  // lives as long as the process
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (auto found = pools->find(device); found != pools->end()) return found->second;
+  cudaMemPoolProps props = {};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool = nullptr;
+  check_cuda(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
+  uint64_t keep = kPoolKeepBytes;
+  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+             "cudaMemPoolSetAttribute(ReleaseThreshold)");
+  (*pools)[device] = pool;
+  return pool;
+}
+
+void launch_forward(const AttentionParams& p, const tf32x3::SplitArgs& args,
+                    tf32x3::Precision precision, cudaStream_t stream) {
+  switch (tf32x3::specialised_head_dim(p.head_dim)) {
+    case 64: tf32x3::run_tf32x3_forward<64>(p, args, precision, stream); break;
+    case 128: tf32x3::run_tf32x3_forward<128>(p, args, precision, stream); break;
+    default: throw Error(ErrorKind::unsupported, tf32x3_unsupported(p));  // validated before
+  }
+}
+
+void run_tf32x3(const AttentionParams& p) {
+  const DeviceGuard on_device(p.device_index);
+  auto stream = static_cast<cudaStream_t>(p.stream);
+  const tf32x3::Precision precision = precision_from_environment();
+  const SplitPlan plan = split_plan(p);
+  tf32x3::SplitArgs args;
+  args.splits = plan.splits;
+  if (plan.splits == 1) {
+    launch_forward(p, args, precision, stream);
+    return;
+  }
+  void* workspace = nullptr;
+  check_cuda(cudaMallocFromPoolAsync(&workspace, static_cast<size_t>(plan.workspace_bytes()),
+                                     workspace_pool(p.device_index), stream),
+             "cudaMallocFromPoolAsync(cuda_tf32x3 split-KV workspace)");
+  args.partials = SplitPartials::at(workspace, plan.tiles, plan.splits, plan.geo.block_m,
+                                    plan.geo.head_dim, plan.query_blocks);
+  try {
+    launch_forward(p, args, precision, stream);
+    launch_split_kv_combine<float>(p, args.partials, stream);
+  } catch (...) {
+    cudaFreeAsync(workspace, stream);
+    throw;
+  }
+  check_cuda(cudaFreeAsync(workspace, stream), "cudaFreeAsync(cuda_tf32x3 split-KV workspace)");
+}
+
+}  // namespace
+
+BackendEntry make_cuda_tf32x3_backend() {
+  // Above cuda_tiled (20): auto takes it for the fp32 calls it covers.
+  return {Backend::cuda_tf32x3, DeviceType::cuda, /*priority=*/25, tf32x3_unavailable,
+          tf32x3_unsupported, tf32x3_workspace_bytes, run_tf32x3};
+}
+
+}  // namespace flashtile::detail
