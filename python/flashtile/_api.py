@@ -426,8 +426,9 @@ attention_backward.__doc__ = """The gradients of flashtile.attention, in O(N·d)
     Returns (dq, dk, dv), shaped and typed like q, k, v (GQA: dk, dv summed over each kv
     head's query heads), or (dq, dk, dv, dsinks) when sinks are given, dsinks float32
     (heads_q): the gradient of the sink logits. ALiBi slopes get no gradient. Arrays of q's
-    framework; errors as flashtile.attention (on error nothing is written). CUDA backends
-    have no backward yet (ValueError).
+    framework; errors as flashtile.attention (on error nothing is written). On CUDA,
+    cuda_mma has a backward (float16/bfloat16, head_dim <= 128); other CUDA calls have none
+    yet (ValueError naming each backend's reason).
     """
 
 

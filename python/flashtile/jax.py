@@ -667,8 +667,9 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim),
     heads_q a multiple of heads_kv; float32, float16 or bfloat16 (all three alike) on the CPU
-    or a CUDA device. float32 on CUDA runs through cuda_tiled, which takes full and causal
-    attention only; 16-bit CUDA calls run cuda_mma with every variant.
+    or a CUDA device. float32 on CUDA runs through cuda_tf32x3 (head_dim <= 128, every
+    variant and varlen) or cuda_tiled (full and causal only); 16-bit CUDA calls run
+    cuda_sm90 or cuda_mma with every variant.
     causal, scale, window, softcap, alibi_slopes, sinks: as flashtile.attention
     (alibi_slopes float32 (heads_q) or (batch, heads_q); sinks float32 (heads_q)). The
     scalar options are static: under jax.jit pass them through static_argnames or a closure.
