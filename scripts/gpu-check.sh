@@ -47,6 +47,14 @@ if [ "$phase" != rest ]; then
   step cuda_tests $build/tests/flashtile_cuda_tests
   step cuda_mma_tests $build/tests/flashtile_cuda_mma_tests
   step cuda_sm90_tests $build/tests/flashtile_cuda_sm90_tests
+  step cuda_tf32x3_tests $build/tests/flashtile_cuda_tf32x3_tests
+  # The backward's full grid (1023/1025 lengths) spends minutes in the host oracle: the small
+  # grid unless BACKWARD_FULL_GRID is set.
+  if [ -n "${BACKWARD_FULL_GRID:-}" ]; then
+    step cuda_mma_backward_tests $build/tests/flashtile_cuda_mma_backward_tests
+  else
+    FLASHTILE_SMALL_GRID=1 step cuda_mma_backward_tests $build/tests/flashtile_cuda_mma_backward_tests
+  fi
   # The CPU suites run in CI; here only when asked (the H200 host's 16 cores).
   [ -n "${CPU_TESTS:-}" ] && OMP_WAIT_POLICY=passive step cpu_tests $build/tests/flashtile_cpu_tests
   # Sanitizers on the small grids (FLASHTILE_SMALL_GRID drops the 1023/1025 lengths): every
@@ -55,6 +63,8 @@ if [ "$phase" != rest ]; then
   mma_subset="Dtypes/CudaMmaGrid.VariantsMatchOracle/bfloat16:Dtypes/CudaMmaGrid.VarlenMatchesOracle/bfloat16"
   mma_subset+=":CudaMma.EveryHeadDim*:CudaMma.Misaligned*:CudaMma.Refuses*:Dtypes/CudaMmaGrid.MatchesOracle/float16"
   sm90_subset="Sm90Pieces.*:Dtypes/CudaSm90Grid.EveryPipelineMatchesOracle/bfloat16:CudaSm90.ScaleOfAnySign:CudaSm90.Refuses*"
+  tf32x3_subset="CudaTf32x3.EveryHeadDim*:CudaTf32x3.Misaligned*:CudaTf32x3.SplitKv*:CudaTf32x3.Refusals*"
+  backward_subset="Dtypes/CudaMmaBackwardGrid.VarlenMatchesOracle/bfloat16:CudaMmaBackward.EveryHeadDim*:CudaMmaBackward.Refuses*"
   LIMIT=${SAN_LIMIT:-90}
   FLASHTILE_SMALL_GRID=1 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
     $build/tests/flashtile_cuda_tests --gtest_filter="*MatchesOracle*:*Unsupported*:*NonFinite*"
@@ -63,6 +73,10 @@ if [ "$phase" != rest ]; then
       $build/tests/flashtile_cuda_mma_tests --gtest_filter="$mma_subset"
     FLASHTILE_SMALL_GRID=1 step ${tool}_sm90 compute-sanitizer --tool $tool --error-exitcode 1 \
       $build/tests/flashtile_cuda_sm90_tests --gtest_filter="$sm90_subset"
+    FLASHTILE_SMALL_GRID=1 step ${tool}_tf32x3 compute-sanitizer --tool $tool --error-exitcode 1 \
+      $build/tests/flashtile_cuda_tf32x3_tests --gtest_filter="$tf32x3_subset"
+    FLASHTILE_SMALL_GRID=1 step ${tool}_mma_backward compute-sanitizer --tool $tool --error-exitcode 1 \
+      $build/tests/flashtile_cuda_mma_backward_tests --gtest_filter="$backward_subset"
   done
   unset LIMIT
 fi
