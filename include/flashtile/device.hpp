@@ -33,6 +33,8 @@ class DeviceBuffer {
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
   int device_index() const { return device_; }
+  // The three are complete on return, so work queued afterwards on any stream, including
+  // a non-blocking one (which does not wait for the default stream), sees their bytes.
   void copy_from_host(const void* src, std::size_t bytes);
   void copy_to_host(void* dst, std::size_t bytes) const;
   // Fills every byte with `value` (0xFF makes fp32/fp16/bf16 NaNs: the poison for tests).

@@ -70,8 +70,11 @@ DeviceBuffer::~DeviceBuffer() {
   if (data_ != nullptr) cudaFree(data_);
 }
 
+// cudaMemcpy from pageable memory and cudaMemset of device memory may return before the
+// device has finished them, ordered only on the legacy default stream: wait for that stream.
 void DeviceBuffer::copy_from_host(const void* src, std::size_t bytes) {
   check(cudaMemcpy(data_, src, std::min(bytes, bytes_), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize after cudaMemcpy H2D");
 }
 
 void DeviceBuffer::copy_to_host(void* dst, std::size_t bytes) const {
@@ -80,6 +83,7 @@ void DeviceBuffer::copy_to_host(void* dst, std::size_t bytes) const {
 
 void DeviceBuffer::fill_bytes(unsigned char value) {
   check(cudaMemset(data_, value, bytes_), "cudaMemset");
+  check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize after cudaMemset");
 }
 
 namespace detail {
