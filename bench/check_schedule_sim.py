@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """How long `flashtile check`'s batches keep its threads busy: a simulation.
 
-Draws dense shapes (variants not modelled) with the distribution of check.cpp's random_dense_shape (lengths
-from its list or uniform, head dims, batch, GQA), costs each draw as its oracle's work
+Draws dense shapes (variants are not modelled) with the distribution of
+tools/flashtile/check.cpp's random_dense_shape (lengths from its list or uniform, head
+dims, batch, GQA), costs each draw as its oracle's work
 (batch·Sq·Sk·heads_q·head_dim, plus a fixed part), and runs batches on T threads with
 OpenMP's dynamic schedule: in draw order, 4 draws a thread (the old batches), against
 heaviest first, 32 draws a thread (the current ones). Prints the time of each relative to a
