@@ -13,5 +13,11 @@ python3 -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes
 # jaxlib from PyPI, pinned; an existing jax with jax.ffi (the H200 image's CUDA one) is kept.
 python3 -c "import jax.ffi" 2>/dev/null ||
   python3 -m pip install -q --disable-pip-version-check "jax==0.10.2" "jaxlib==0.10.2"
-python3 -m pip install -q --disable-pip-version-check .
+# Without a GPU the package's CUDA code can only be compiled, not run: one architecture
+# (sm_80) is enough to compile all of it except cuda_sm90, which the C++ build above covers.
+pip_args=()
+if command -v nvcc >/dev/null && ! nvidia-smi -L >/dev/null 2>&1; then
+  pip_args+=(-Ccmake.define.CMAKE_CUDA_ARCHITECTURES=80)
+fi
+python3 -m pip install -q --disable-pip-version-check "${pip_args[@]}" .
 python3 -m pytest tests/python -q
