@@ -18,13 +18,16 @@
 #include "support/device_case.hpp"
 #include "support/large_offsets.hpp"
 #include "support/oracle_check.hpp"
+#include "support/variants.hpp"
 
 namespace flashtile {
 namespace {
 
 using testing::AttentionCase;
 using testing::DeviceCase;
+using testing::OffsetDeviceTensor;
 using testing::Shape;
+using testing::shape_of;
 
 constexpr Backend kMma = Backend::cuda_mma;
 
@@ -93,15 +96,6 @@ void expect_matches_oracle(const Shape& shape, std::optional<float> scale = std:
   expect_oracle(c, scale, margin);
 }
 
-Shape shape_of(DType dtype, int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
-               int64_t d) {
-  Shape s;
-  s.dtype = dtype;
-  s.batch = batch, s.seqlen_q = sq, s.seqlen_k = sk;
-  s.heads_q = hq, s.heads_kv = hkv, s.head_dim = d;
-  return s;
-}
-
 class CudaMmaGrid : public ::testing::TestWithParam<DType> {};
 
 // Seqlens 1, 17, 113, 127, 128, 129, 1023, 1025 with seqlen_q != seqlen_k both ways, causal
@@ -118,50 +112,17 @@ TEST_P(CudaMmaGrid, MatchesOracle) {
 TEST_P(CudaMmaGrid, VariantsMatchOracle) {
   SKIP_WITHOUT_MMA_DEVICE();
   const DType dtype = GetParam();
-  struct Feature {
-    Window window;
-    bool causal = false;
-    float softcap = 0;
-    bool alibi = false, alibi_per_batch = false, sinks = false;
-  };
-  const Feature features[] = {
-      {{16, 0}},                  // sliding window, causal-like
-      {{0, 0}},                   // the diagonal only
-      {{5, 7}},                   // both sides bounded
-      {{-1, 3}},                  // right side only
-      {{40, -1}},                 // left side only (first rows heaviest)
-      {{70, 0}, true},            // causal + left window
-      {{}, false, 5.0f},          // softcap
-      {{}, true, 30.0f},          // causal + softcap
-      {{}, false, 0, true},       // ALiBi (heads)
-      {{}, true, 0, true, true},  // causal + ALiBi (batch, heads)
-      {{}, false, 0, false, false, true},        // sinks
-      {{}, true, 0, false, false, true},         // causal + sinks (empty rows when sq > sk)
-      {{}, false, 20.0f, true},                  // softcap + ALiBi
-      {{33, 9}, false, 0, true, false, true},    // window + ALiBi + sinks
-      {{}, true, 8.0f, false, false, true},      // causal + softcap + sinks
-      {{64, 0}, false, 12.0f, true, true, true}, // everything
-  };
-  struct Lengths {
-    int64_t q, k;
-  };
-  std::vector<Lengths> lengths = {{1, 1}, {17, 200}, {200, 17}, {129, 129}, {100, 300}};
-  if (!small_grid()) lengths.push_back({700, 513});
+  const std::vector<testing::Lengths> lengths = testing::variant_lengths(!small_grid());
   Margin softcap_margin{"softcap"}, other_margin{"other variants"};
   int rotate = 0;
-  for (const Feature& f : features)
-    for (const Lengths& len : lengths) {
+  for (const testing::Variant& f : testing::forward_variants())
+    for (const testing::Lengths& len : lengths) {
       const int64_t head_dims[] = {64, 128, 96, 256};
       Shape s = shape_of(dtype, 2, len.q, len.k, 4, 2, head_dims[rotate % 4]);
       s.strided = rotate % 3 == 1;
       if (rotate % 5 == 2) s.heads_kv = 1;  // MQA
       ++rotate;
-      s.window = f.window;
-      s.causal = f.causal;
-      s.softcap = f.softcap;
-      s.alibi = f.alibi;
-      s.alibi_per_batch = f.alibi_per_batch;
-      s.sinks = f.sinks;
+      s = testing::with_variant(s, f);
       expect_matches_oracle(s, std::nullopt, f.softcap != 0 ? &softcap_margin : &other_margin);
     }
 }
@@ -170,22 +131,11 @@ TEST_P(CudaMmaGrid, VariantsMatchOracle) {
 // per sequence, seqused_k, with masks and the other features aligned per sequence.
 TEST_P(CudaMmaGrid, VarlenMatchesOracle) {
   SKIP_WITHOUT_MMA_DEVICE();
-  struct Variant {
-    bool causal;
-    Window window;
-    float softcap;
-    bool alibi, sinks;
-  };
-  const Variant variants[] = {{false, {}, 0, false, false}, {true, {}, 0, false, false},
-                              {false, {20, 3}, 0, false, true}, {true, {}, 15.0f, true, true}};
   for (const testing::VarlenBatch& batch : testing::varlen_batches())
-    for (const Variant& v : variants)
+    for (const testing::Variant& v : testing::varlen_variants())
       for (int64_t d : {64, 128}) {
-        Shape s = shape_of(GetParam(), 1, 0, 0, 4, 2, d);
+        Shape s = testing::with_variant(shape_of(GetParam(), 1, 0, 0, 4, 2, d), v);
         s.varlen_q = batch.q, s.varlen_k = batch.k, s.seqused_k = batch.used;
-        s.causal = v.causal, s.window = v.window, s.softcap = v.softcap;
-        s.alibi = s.alibi_per_batch = v.alibi;  // slopes per (sequence, head)
-        s.sinks = v.sinks;
         s.strided = d == 128;
         expect_matches_oracle(s);
       }
@@ -301,35 +251,8 @@ TEST(CudaMma, DeterministicOver100Runs) {
   DeviceCase d(c);
   d.run(c, kMma);
   expect_oracle(c);
-  const testing::HostBytes first_out = c.out.bytes;
-  const std::vector<float> first_lse = c.lse;
-  for (int run = 1; run < 100; ++run) {
-    d.poison();
-    d.run(c, kMma);
-    ASSERT_EQ(c.out.bytes, first_out) << "run " << run;
-    ASSERT_EQ(std::memcmp(c.lse.data(), first_lse.data(), c.lse.size() * sizeof(float)), 0)
-        << "lse, run " << run;
-  }
+  ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, d, kMma, 100));
 }
-
-// A device copy of a host tensor whose data starts `offset_bytes` into its buffer.
-struct OffsetDeviceTensor {
-  DeviceBuffer buffer;
-  TensorView view;
-  OffsetDeviceTensor(const testing::HostTensor& host, size_t offset_bytes)
-      : buffer(host.bytes.size() + offset_bytes) {
-    auto* at = static_cast<unsigned char*>(buffer.data()) + offset_bytes;
-    EXPECT_EQ(cudaMemcpy(at, host.bytes.data(), host.bytes.size(), cudaMemcpyHostToDevice),
-              cudaSuccess);
-    view = host.view;
-    view.data = at;
-    view.device = Device::cuda(0);
-  }
-  void copy_back(testing::HostTensor& host) const {
-    EXPECT_EQ(cudaMemcpy(host.bytes.data(), view.data, host.bytes.size(), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-  }
-};
 
 // Rows that do not start on 16 bytes are served with narrower accesses: pointers offset by
 // 2, 4 and 8 bytes (one per tensor in turn), odd strides (odd head dims, padded rows).

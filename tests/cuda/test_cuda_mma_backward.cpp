@@ -27,6 +27,7 @@ using testing::DeviceArray;
 using testing::DeviceCase;
 using testing::DeviceTensor;
 using testing::Shape;
+using testing::shape_of;
 using testing::Variant;
 using testing::with_variant;
 
@@ -117,15 +118,6 @@ void expect_passes(const Shape& s, uint32_t seed = 1234) {
   EXPECT_TRUE(testing::gradients_match(c));
 }
 
-Shape shape_of(DType dtype, int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
-               int64_t d) {
-  Shape s;
-  s.dtype = dtype;
-  s.batch = batch, s.seqlen_q = sq, s.seqlen_k = sk;
-  s.heads_q = hq, s.heads_kv = hkv, s.head_dim = d;
-  return s;
-}
-
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> all = {
       {"full", {}},
@@ -160,14 +152,10 @@ TEST_P(CudaMmaBackwardGrid, MatchesOracle) {
 // K inside blocks, rotating head dims, GQA/MQA and strides.
 TEST_P(CudaMmaBackwardGrid, VariantsMatchOracle) {
   SKIP_WITHOUT_MMA_DEVICE();
-  struct Lengths {
-    int64_t q, k;
-  };
-  std::vector<Lengths> lengths = {{1, 1}, {17, 200}, {200, 17}, {129, 129}, {100, 300}};
-  if (!testing::small_grid()) lengths.push_back({700, 513});
+  const std::vector<testing::Lengths> lengths = testing::variant_lengths(!testing::small_grid());
   int rotate = 0;
   for (const Variant& v : variants())
-    for (const Lengths& len : lengths) {
+    for (const testing::Lengths& len : lengths) {
       const int64_t head_dims[] = {64, 128, 96, 40};
       Shape s = shape_of(GetParam(), 2, len.q, len.k, 4, 2, head_dims[rotate % 4]);
       s.strided = rotate % 3 == 1;

@@ -19,6 +19,7 @@
 #include "support/device_case.hpp"
 #include "support/large_offsets.hpp"
 #include "support/oracle_check.hpp"
+#include "support/variants.hpp"
 #if FLASHTILE_WITH_SM90
 #include "cuda/04_sm90/sm90.hpp"
 #endif
@@ -29,21 +30,13 @@ namespace {
 using testing::AttentionCase;
 using testing::DeviceCase;
 using testing::Shape;
+using testing::shape_of;
 
 constexpr Backend kSm90 = Backend::cuda_sm90;
 
 #define SKIP_WITHOUT_SM90_DEVICE() FLASHTILE_SKIP_WITHOUT_BACKEND(kSm90)
 
 using testing::small_grid;
-
-Shape shape_of(DType dtype, int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
-               int64_t d) {
-  Shape s;
-  s.dtype = dtype;
-  s.batch = batch, s.seqlen_q = sq, s.seqlen_k = sk;
-  s.heads_q = hq, s.heads_kv = hkv, s.head_dim = d;
-  return s;
-}
 
 void expect_oracle(const AttentionCase& c, std::optional<float> scale = std::nullopt) {
   const Verification verdict = testing::verify_case(c, scale);
@@ -186,14 +179,10 @@ TEST_P(CudaSm90Grid, VariantsMatchOracle) {
       {{33, 9}, false, 0, true, false, true},    // window + ALiBi + sinks
       {{64, 0}, false, 12.0f, true, true, true}, // everything
   };
-  struct Lengths {
-    int64_t q, k;
-  };
-  std::vector<Lengths> lengths = {{1, 1}, {17, 200}, {200, 17}, {129, 129}, {100, 300}};
-  if (!small_grid()) lengths.push_back({700, 513});
+  const std::vector<testing::Lengths> lengths = testing::variant_lengths(!small_grid());
   int rotate = 0;
   for (const Feature& f : features)
-    for (const Lengths& len : lengths) {
+    for (const testing::Lengths& len : lengths) {
       constexpr int64_t kHeadDims[] = {64, 128, 256};
       Shape s = shape_of(GetParam(), 2, len.q, len.k, 4, 2, kHeadDims[rotate % 3]);
       s.strided = rotate % 3 == 1;
@@ -286,15 +275,7 @@ TEST(CudaSm90, DeterministicOver100Runs) {
       DeviceCase d(c);
       d.run(c, kSm90);
       expect_oracle(c);
-      const testing::HostBytes first_out = c.out.bytes;
-      const std::vector<float> first_lse = c.lse;
-      for (int run = 1; run < 100; ++run) {
-        d.poison();
-        d.run(c, kSm90);
-        ASSERT_EQ(c.out.bytes, first_out) << "run " << run;
-        ASSERT_EQ(std::memcmp(c.lse.data(), first_lse.data(), c.lse.size() * sizeof(float)), 0)
-            << "lse, run " << run;
-      }
+      ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, d, kSm90, 100));
     }
 }
 

@@ -18,12 +18,14 @@
 #include "support/device_case.hpp"
 #include "support/nonfinite_cases.hpp"
 #include "support/oracle_check.hpp"
+#include "support/variants.hpp"
 
 namespace flashtile {
 namespace {
 
 using testing::AttentionCase;
 using testing::DeviceCase;
+using testing::OffsetDeviceTensor;
 using testing::Shape;
 using testing::small_grid;
 
@@ -57,11 +59,7 @@ class ScopedEnv {
 ScopedEnv pin_splits(const char* splits) { return ScopedEnv("FLASHTILE_TF32X3_SPLITS", splits); }
 
 Shape shape_of(int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d) {
-  Shape s;
-  s.dtype = DType::f32;
-  s.batch = batch, s.seqlen_q = sq, s.seqlen_k = sk;
-  s.heads_q = hq, s.heads_kv = hkv, s.head_dim = d;
-  return s;
+  return testing::shape_of(DType::f32, batch, sq, sk, hq, hkv, d);
 }
 
 Verification run_and_verify(const Shape& shape, Backend backend = kTf32x3,
@@ -94,44 +92,19 @@ TEST(CudaTf32x3, GridMatchesOracle) {
 // the diagonal and the end of K inside tiles (sq != sk both ways), GQA/MQA and strides.
 TEST(CudaTf32x3, VariantsMatchOracle) {
   SKIP_WITHOUT_TF32X3();
-  struct Feature {
-    Window window;
-    bool causal = false;
-    float softcap = 0;
-    bool alibi = false, alibi_per_batch = false, sinks = false;
-  };
-  const Feature features[] = {
-      {{16, 0}},  {{0, 0}},  {{5, 7}},  {{-1, 3}},  {{40, -1}},  {{70, 0}, true},
-      {{}, false, 5.0f},                          // softcap
-      {{}, true, 30.0f},                          // causal + softcap
-      {{}, false, 0, true},                       // ALiBi (heads)
-      {{}, true, 0, true, true},                  // causal + ALiBi (batch, heads)
-      {{}, false, 0, false, false, true},         // sinks
-      {{}, true, 0, false, false, true},          // causal + sinks (empty rows when sq > sk)
-      {{}, false, 20.0f, true},                   // softcap + ALiBi
-      {{33, 9}, false, 0, true, false, true},     // window + ALiBi + sinks
-      {{}, true, 8.0f, false, false, true},       // causal + softcap + sinks
-      {{64, 0}, false, 12.0f, true, true, true},  // everything
-  };
-  struct Lengths {
-    int64_t q, k;
-  };
-  std::vector<Lengths> lengths = {{1, 1}, {17, 200}, {200, 17}, {129, 129}, {100, 300}};
-  if (!small_grid()) lengths.push_back({700, 513});
+  const std::vector<testing::Lengths> lengths = testing::variant_lengths(!small_grid());
   for (const char* splits : kSplitSettings) {
     SCOPED_TRACE(std::string("splits ") + (splits ? splits : "auto"));
     const ScopedEnv pinned = pin_splits(splits);
     int rotate = 0;
-    for (const Feature& f : features)
-      for (const Lengths& len : lengths) {
+    for (const testing::Variant& f : testing::forward_variants())
+      for (const testing::Lengths& len : lengths) {
         const int64_t head_dims[] = {64, 128, 96, 40};
         Shape s = shape_of(2, len.q, len.k, 4, 2, head_dims[rotate % 4]);
         s.strided = rotate % 3 == 1;
         if (rotate % 5 == 2) s.heads_kv = 1;  // MQA
         ++rotate;
-        s.window = f.window, s.causal = f.causal, s.softcap = f.softcap;
-        s.alibi = f.alibi, s.alibi_per_batch = f.alibi_per_batch, s.sinks = f.sinks;
-        run_and_verify(s);
+        run_and_verify(testing::with_variant(s, f));
       }
   }
 }
@@ -139,25 +112,14 @@ TEST(CudaTf32x3, VariantsMatchOracle) {
 // Packed varlen batches: empty sequences, length-1 sequences, sq != sk, seqused_k.
 TEST(CudaTf32x3, VarlenMatchesOracle) {
   SKIP_WITHOUT_TF32X3();
-  struct Variant {
-    bool causal;
-    Window window;
-    float softcap;
-    bool alibi, sinks;
-  };
-  const Variant variants[] = {{false, {}, 0, false, false}, {true, {}, 0, false, false},
-                              {false, {20, 3}, 0, false, true}, {true, {}, 15.0f, true, true}};
   for (const char* splits : kSplitSettings) {
     SCOPED_TRACE(std::string("splits ") + (splits ? splits : "auto"));
     const ScopedEnv pinned = pin_splits(splits);
     for (const testing::VarlenBatch& batch : testing::varlen_batches())
-      for (const Variant& v : variants)
+      for (const testing::Variant& v : testing::varlen_variants())
         for (int64_t d : {64, 128}) {
-          Shape s = shape_of(1, 0, 0, 4, 2, d);
+          Shape s = testing::with_variant(shape_of(1, 0, 0, 4, 2, d), v);
           s.varlen_q = batch.q, s.varlen_k = batch.k, s.seqused_k = batch.used;
-          s.causal = v.causal, s.window = v.window, s.softcap = v.softcap;
-          s.alibi = s.alibi_per_batch = v.alibi;
-          s.sinks = v.sinks;
           s.strided = d == 128;
           run_and_verify(s);
         }
@@ -204,25 +166,6 @@ TEST(CudaTf32x3, LongerSequences) {
       run_and_verify(s);
     }
 }
-
-// A device copy of a host tensor whose data starts `offset_bytes` into its buffer.
-struct OffsetDeviceTensor {
-  DeviceBuffer buffer;
-  TensorView view;
-  OffsetDeviceTensor(const testing::HostTensor& host, size_t offset_bytes)
-      : buffer(host.bytes.size() + offset_bytes) {
-    auto* at = static_cast<unsigned char*>(buffer.data()) + offset_bytes;
-    EXPECT_EQ(cudaMemcpy(at, host.bytes.data(), host.bytes.size(), cudaMemcpyHostToDevice),
-              cudaSuccess);
-    view = host.view;
-    view.data = at;
-    view.device = Device::cuda(0);
-  }
-  void copy_back(testing::HostTensor& host) const {
-    EXPECT_EQ(cudaMemcpy(host.bytes.data(), view.data, host.bytes.size(), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-  }
-};
 
 // Rows that do not start on 16 bytes take the 4-byte path (pointers 4, 8, 12 bytes in).
 TEST(CudaTf32x3, MisalignedPointersAreServed) {
@@ -273,15 +216,7 @@ TEST(CudaTf32x3, SplitKvOnAndOffAreDeterministic) {
       EXPECT_GT(planned.workspace_bytes, 0);
     d.run(c, kTf32x3);
     EXPECT_TRUE(testing::matches_oracle(c));
-    const testing::HostBytes first_out = c.out.bytes;
-    const std::vector<float> first_lse = c.lse;
-    for (int run = 1; run < 20; ++run) {
-      d.poison();
-      d.run(c, kTf32x3);
-      ASSERT_EQ(c.out.bytes, first_out) << "run " << run;
-      ASSERT_EQ(std::memcmp(c.lse.data(), first_lse.data(), c.lse.size() * sizeof(float)), 0)
-          << "lse, run " << run;
-    }
+    ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, d, kTf32x3, 20));
   }
 }
 
@@ -313,18 +248,7 @@ TEST(CudaTf32x3, LongSequenceOnOneHead) {
   AttentionCase c(s);
   DeviceCase d(c);
   d.run(c, kTf32x3);
-  for (int64_t row : {int64_t(0), int64_t(77777), int64_t(131071)}) {
-    TensorView q_rows = c.q.view;
-    q_rows.data = static_cast<float*>(c.q.view.data) + row * c.q.view.strides[1];
-    q_rows.shape[1] = 1;
-    TensorView out_rows = c.out.view;
-    out_rows.data = static_cast<float*>(c.out.view.data) + row * c.out.view.strides[1];
-    out_rows.shape[1] = 1;
-    const Verification check =
-        verify_forward(q_rows, c.k.view, c.v.view, out_rows, c.lse.data() + row, Options{});
-    EXPECT_TRUE(check.pass()) << "row " << row << ": " << check.out_error << " > "
-                              << check.out_bound;
-  }
+  testing::expect_rows_match_oracle(c, {0, 77777, 131071});
 }
 
 // The NaN/Inf rule (docs/VARIANTS.md), split and unsplit: the combine applies it per row.

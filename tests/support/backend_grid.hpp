@@ -1,4 +1,4 @@
-// The shape grid every backend is checked on: odd lengths (1, 17, 113, 127, 129, 1023,
+// Shapes for the backends' suites: shape_of, and the grid every backend is checked on: odd lengths (1, 17, 113, 127, 129, 1023,
 // 1025), seqlen_q != seqlen_k both ways, causal or not, MHA/GQA/MQA, strided views.
 #pragma once
 
@@ -7,6 +7,16 @@
 #include "testing/attention_case.hpp"
 
 namespace flashtile::testing {
+
+// A dense shape: batch entries, query and key lengths, query and kv heads, head dim.
+inline Shape shape_of(DType dtype, int64_t batch, int64_t sq, int64_t sk, int64_t hq,
+                      int64_t hkv, int64_t d) {
+  Shape s;
+  s.dtype = dtype;
+  s.batch = batch, s.seqlen_q = sq, s.seqlen_k = sk;
+  s.heads_q = hq, s.heads_kv = hkv, s.head_dim = d;
+  return s;
+}
 
 inline std::vector<Shape> backend_grid(const std::vector<int64_t>& head_dims, DType dtype,
                                        bool large) {

@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <initializer_list>
 #include <optional>
+#include <string>
 
 #include "flashtile/reference.hpp"
 #include "testing/attention_case.hpp"
@@ -32,6 +35,25 @@ inline Verification verify_case(const AttentionCase& c, std::optional<float> sca
 inline ::testing::AssertionResult matches_oracle(const AttentionCase& c,
                                                  std::optional<float> scale = std::nullopt) {
   return matches_oracle(c, verify_case(c, scale));
+}
+
+// The oracle on single rows of c's fp32 output (dense, batch 1, non-causal: rows are
+// independent), for lengths whose full check would take too long. `what` starts each
+// failure message.
+inline void expect_rows_match_oracle(const AttentionCase& c, std::initializer_list<int64_t> rows,
+                                     const std::string& what = "") {
+  for (int64_t row : rows) {
+    TensorView q_rows = c.q.view;
+    q_rows.data = static_cast<float*>(c.q.view.data) + row * c.q.view.strides[1];
+    q_rows.shape[1] = 1;
+    TensorView out_rows = c.out.view;
+    out_rows.data = static_cast<float*>(c.out.view.data) + row * c.out.view.strides[1];
+    out_rows.shape[1] = 1;
+    const Verification check =
+        verify_forward(q_rows, c.k.view, c.v.view, out_rows, c.lse.data() + row, Options{});
+    EXPECT_TRUE(check.pass()) << what << "row " << row << ": " << check.out_error << " > "
+                              << check.out_bound;
+  }
 }
 
 }  // namespace flashtile::testing

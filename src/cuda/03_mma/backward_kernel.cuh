@@ -40,6 +40,7 @@
 #include "cuda/03_mma/pieces.cuh"
 #include "cuda/03_mma/tile_io.cuh"
 #include "cuda/common.cuh"
+#include "cuda/mma_fragment.cuh"
 #include "cuda/ptx/mma.cuh"
 
 namespace flashtile::detail::mma {
@@ -223,12 +224,12 @@ __global__ void backward_dsinks_kernel(const BackwardParams bp, const BackwardSc
 // ---- pass 2: dK, dV per key block; dQ into the fp32 accumulator -------------------------
 
 // The logit of raw score qk and d logit / d qk, under Logits (as the forward's
-// transformed_logit, keeping the capped value the chain rule needs).
+// transformed_logit in mma_fragment.cuh, keeping the capped value the chain rule needs).
 template <class Logits>
 __device__ __forceinline__ float logit_and_derivative(const LogitsTransform<float>& transform,
                                                       float qk, const Mask<int>& mask, int i,
                                                       int j, float& derivative) {
-  if constexpr (std::is_same_v<Logits, RuntimeLogits>) {
+  if constexpr (is_runtime_logits_v<Logits>) {
     const bool capped = transform.softcap != 0.0f;
     const float c = capped ? transform.scaled<true>(qk) : transform.scaled<false>(qk);
     derivative = capped ? transform.scaled_derivative<true>(c) : transform.scaled_derivative<false>(c);
@@ -355,10 +356,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const SwizzledPairs bk_cols(lane / 16, lane % 8);
 
   float dk[kDTiles][4], dv[kDTiles][4];  // (16 keys of this warp, kHeadDim) fp32
-#pragma unroll
-  for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) dk[dt][r] = dv[dt][r] = 0.0f;
+  zero_accumulators(dk, dv);
 
   const float scale_log2 = p.scale * kLog2e;
   const int dq_mtile = warp % Cfg::kDqMTiles;
@@ -391,10 +389,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
     // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: (16 keys, kBlockM rows) per warp, raw scores.
     float st[kQTiles][4], dpt[kQTiles][4];
-#pragma unroll
-    for (int nt = 0; nt < kQTiles; ++nt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) st[nt][r] = dpt[nt][r] = 0.0f;
+    zero_accumulators(st, dpt);
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       uint32_t ak[4], av[4];
@@ -483,10 +478,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
     // dQ_i += dS·K: this warp's m-tile and columns; A from dSᵀ through .trans, B from K.
     float dq[Cfg::kDqDTiles][4];
-#pragma unroll
-    for (int dt = 0; dt < Cfg::kDqDTiles; ++dt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) dq[dt][r] = 0.0f;
+    zero_accumulator(dq);
 #pragma unroll
     for (int ks = 0; ks < Cfg::kKeySteps; ++ks) {
       uint32_t a[4];

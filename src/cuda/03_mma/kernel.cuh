@@ -61,6 +61,7 @@
 #include "cuda/03_mma/pieces.cuh"
 #include "cuda/03_mma/tile_io.cuh"
 #include "cuda/common.cuh"
+#include "cuda/mma_fragment.cuh"
 #include "cuda/ptx/exp2_fma.cuh"
 #include "cuda/ptx/mma.cuh"
 
@@ -263,12 +264,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 
   float o[kMTiles][kDTiles][4];  // (kWarpRows, kHeadDim) fp32 accumulator
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) o[mt][dt][r] = 0.0f;
+  zero_accumulator(o);
   // Rows g and g+8 of each m-tile. m is the row's running max of the logits (natural
   // units); l is this lane's partial sum over its columns (the quad's four partials add up
   // to l). Set explicitly: nvcc 13.0 was seen to leave m = 0 instead of the member
@@ -292,12 +288,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
     // S = Q·Kᵀ  (kWarpRows, kBlockN), raw (unscaled) scores.
     float s[kMTiles][kNTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) s[mt][nt][r] = 0.0f;
+    zero_accumulator(s);
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       uint32_t a[kMTiles][4];
@@ -322,51 +313,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       }
     }
 
-    // Element (mt, nt, 2·half + e) of S is query row `row` and key `key` of the sequence.
-    auto for_each_score = [&](auto&& fn) {
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = row_start + warp_row0 + mt * 16 + g + 8 * half;
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) fn(s[mt][nt][2 * half + e], row, n0 + nt * 8 + 2 * t + e);
-        }
-    };
+    // Softcap and ALiBi, then the mask, on S.
     if constexpr (kCapUnits)
-      for_each_score([&](float& x, int, int) { x = logits.capped_in_cap_units(x, ptx::TanhApprox{}); });
-    else if constexpr (!Logits::kPlain)
-      for_each_score([&](float& x, int row, int key) {
-        x = transformed_logit<Logits>(logits, x, mask, row, key);
+      for_each_score(s, lane, row_start, warp_row0, n0, [&](float& x, int, int) {
+        x = logits.capped_in_cap_units(x, ptx::TanhApprox{});
       });
+    else if constexpr (!Logits::kPlain)
+      transform_scores<Logits>(s, lane, row_start, warp_row0, n0, logits, mask, ptx::TanhApprox{});
     // Only the tiles key_blocks() names hold keys some row must not see (the diagonal, the
-    // window's edges, the end of K); every other tile is seen whole by every row. When every
-    // row sees the tile's first key (always under causal), only the end bound cuts it.
-    if (blocks.needs_mask(n_block)) {
-      if (n0 >= mask.first_key(last_row))
-        for_each_score([&](float& x, int row, int key) {
-          if (key >= mask.key_end(row)) x = kNegInf;
-        });
-      else
-        for_each_score([&](float& x, int row, int key) {
-          if (!mask.visible(row, key)) x = kNegInf;
-        });
-    }
+    // window's edges, the end of K); every other tile is seen whole by every row.
+    if (blocks.needs_mask(n_block))
+      mask_scores(s, lane, row_start, warp_row0, n0, mask, n0 >= mask.first_key(last_row));
 
     // Online softmax; P overwrites S (fp32), then is packed into A fragments of P·V.
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float row_max = kNegInf;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-          row_max = fmaxf(row_max, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-        // The quad's four lanes hold the row's columns.
-        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
-        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+        const float row_max = quad_row_max(s[mt], half);
         // In natural units: the plain kernel's raw scores still lack the scale, the softcap
         // kernel's the cap.
         float block_max = row_max;

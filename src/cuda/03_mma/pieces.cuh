@@ -4,12 +4,12 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "api/params.hpp"
 #include "attn/mask.hpp"
 #include "attn/variant.hpp"
 #include "cuda/03_mma/tile_io.cuh"
+#include "cuda/mma_fragment.cuh"
 #include "cuda/ptx/mma.cuh"
 
 namespace flashtile::detail::mma {
@@ -30,23 +30,10 @@ struct SwizzledPairs {
   }
 };
 
-// The narrow path's one transformed kernel: softcap and ALiBi read at run time through
-// LogitsTransform::operator() (precise tanh). The fallback layouts trade speed for half the
-// instantiations; the aligned path has one kernel per LogitsFlags.
-struct RuntimeLogits {
-  static constexpr bool kSoftcap = true, kAlibi = true, kPlain = false;
-};
-
-// The logit of raw score qk for query row i and key j under Logits.
-template <class Logits>
-__device__ __forceinline__ float transformed_logit(const LogitsTransform<float>& transform,
-                                                   float qk, const Mask<int>& mask, int i, int j) {
-  if constexpr (std::is_same_v<Logits, RuntimeLogits>)
-    return transform(qk, mask, i, j);
-  else
-    return transform.template apply<Logits::kSoftcap, Logits::kAlibi>(qk, mask, i, j,
-                                                                      ptx::TanhApprox{});
-}
+// The narrow path's one transformed kernel (mma_fragment.cuh's RuntimeLogitsTag). The
+// fallback layouts trade speed for half the instantiations; the aligned path has one kernel
+// per LogitsFlags.
+struct RuntimeLogits : RuntimeLogitsTag {};
 
 // Whether the aligned path serves p: 16-byte rows everywhere and whole chunks.
 inline bool rows_aligned_16(const AttentionParams& p) {

@@ -50,6 +50,7 @@
 #include "attn/split_kv.hpp"
 #include "attn/variant.hpp"
 #include "cuda/common.cuh"
+#include "cuda/mma_fragment.cuh"
 #include "cuda/ptx/mma.cuh"
 #include "cuda/ptx/tf32.cuh"
 #include "cuda/split_kv_combine.cuh"
@@ -101,19 +102,8 @@ struct Tf32Config {
   static_assert(kBlockM % 4 == 0, "the split-KV combine takes rows four at a time");
 };
 
-// The narrow layouts' one kernel: softcap and ALiBi read at run time.
-struct RuntimeLogits {
-  static constexpr bool kSoftcap = true, kAlibi = true;
-};
-
-template <class Logits>
-__device__ __forceinline__ float logit_of(const LogitsTransform<float>& transform, float qk,
-                                          const Mask<int>& mask, int i, int j) {
-  if constexpr (std::is_same_v<Logits, RuntimeLogits>)
-    return transform(qk, mask, i, j);
-  else
-    return transform.template apply<Logits::kSoftcap, Logits::kAlibi>(qk, mask, i, j);
-}
+// The narrow layouts' one kernel: softcap and ALiBi read at run time (mma_fragment.cuh).
+struct RuntimeLogits : RuntimeLogitsTag {};
 
 // Whether every row of q, k, v and out starts on 16 bytes and head_dim is whole 16-byte
 // chunks: then tiles move with 16-byte cp.async, else with 4-byte loads.
@@ -194,7 +184,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   constexpr int kQkPitch = Cfg::kQkPitch, kVPitch = Cfg::kVPitch;
   constexpr bool kSplit3 = kPrecision == Precision::split3;
   constexpr float kLog2e = 1.4426950408889634f;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
   extern __shared__ __align__(128) float smem[];
   float* q_big = smem;                        // (kBlockM, kQkPitch)
@@ -256,18 +245,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int warp_row0 = warp * Cfg::kWarpRows;
 
   float o[kMTiles][kDTiles][4];  // (kWarpRows, kHeadDim) fp32 accumulator
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) o[mt][dt][r] = 0.0f;
+  zero_accumulator(o);
   // Rows g and g+8 of each m-tile; l is this lane's partial sum (the quad's add up to l).
   SoftmaxState<float> state[kMTiles][2];
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) state[mt][half] = {kNegInf, 0.0f};
+    for (int half = 0; half < 2; ++half) state[mt][half] = {-std::numeric_limits<float>::infinity(), 0.0f};
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     ptx::cp_async_wait<kStages - 2>();  // this tile's K and V have landed (for this thread)
@@ -291,12 +275,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     // correction products in s_corr (added once at the end, in fp32 round-to-nearest: the
     // tensor cores' own accumulation rounds toward zero, and two chains run side by side).
     float s[kMTiles][kNTiles][4], s_corr[kMTiles][kNTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) s[mt][nt][r] = s_corr[mt][nt][r] = 0.0f;
+    zero_accumulator(s);
+    zero_accumulator(s_corr);
     // k-step ks covers dims 8ks .. 8ks + 7 with dim 2t as k-index t and 2t + 1 as t + 4
     // (the sum over dims does not care about their order, as long as A and B agree): each
     // fragment pair is then one 8-byte read.
@@ -346,44 +326,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           for (int r = 0; r < 4; ++r) s[mt][nt][r] += s_corr[mt][nt][r];
     }
 
-    // Element (mt, nt, 2·half + e) of S is query row `row` and key `key` of the sequence.
-    auto for_each_score = [&](auto&& fn) {
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = row_start + warp_row0 + mt * 16 + g + 8 * half;
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) fn(s[mt][nt][2 * half + e], row, n0 + nt * 8 + 2 * t + e);
-        }
-    };
-    for_each_score([&](float& x, int row, int key) {
-      x = logit_of<Logits>(logits, x, mask, row, key);
-    });
-    if (blocks.needs_mask(n_block)) {
-      if (n0 >= mask.first_key(last_row))
-        for_each_score([&](float& x, int row, int key) {
-          if (key >= mask.key_end(row)) x = kNegInf;
-        });
-      else
-        for_each_score([&](float& x, int row, int key) {
-          if (!mask.visible(row, key)) x = kNegInf;
-        });
-    }
+    // Softcap and ALiBi (precise tanh), then the mask where key_blocks() says it cuts.
+    transform_scores<Logits>(s, lane, row_start, warp_row0, n0, logits, mask, PreciseTanh{});
+    if (blocks.needs_mask(n_block))
+      mask_scores(s, lane, row_start, warp_row0, n0, mask, n0 >= mask.first_key(last_row));
 
     // Online softmax; P overwrites S.
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float row_max = kNegInf;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-          row_max = fmaxf(row_max, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
-        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+        const float row_max = quad_row_max(s[mt], half);
         SoftmaxState<float>& st = state[mt][half];
         const float alpha = online_softmax_rescale(st, row_max);
         if (__any_sync(0xffffffffu, alpha != 1.0f)) {
@@ -433,10 +386,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
     for (int dt = 0; dt < kDTiles; ++dt) {
       float pv[kMTiles][4], pv_corr[kMTiles][4];  // (16, 8) per m-tile
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) pv[mt][r] = pv_corr[mt][r] = 0.0f;
+      zero_accumulator(pv);
+      zero_accumulator(pv_corr);
 #pragma unroll
       for (int kk = 0; kk < kPvSteps; ++kk) {
         const int at = v_lane + kk * 8 * kVPitch + dt * 8;
