@@ -40,6 +40,7 @@
 #include "attn/seqlen.hpp"
 #include "attn/variant.hpp"
 #include "common/numeric.hpp"
+#include "hwy/aligned_allocator.h"
 
 namespace flashtile::detail::cpu_flash_backward {
 #if FLASHTILE_WITH_HWY
@@ -64,6 +65,11 @@ void load_row(const void* data, DType dtype, int64_t offset, int64_t n, float* d
   for (int64_t c = 0; c < n; ++c) dst[c] = load_as_float(data, dtype, offset + c);
 }
 void store_row(void* data, DType dtype, int64_t offset, int64_t n, const float* src) {
+  if (dtype == DType::f32) {  // a plain copy the compiler vectorises (no switch per element)
+    float* dst = static_cast<float*>(data) + offset;
+    for (int64_t c = 0; c < n; ++c) dst[c] = src[c];
+    return;
+  }
   for (int64_t c = 0; c < n; ++c) store_from_float(data, dtype, offset + c, src[c]);
 }
 
@@ -71,15 +77,18 @@ int64_t blocks_of(int64_t n, int64_t block) { return ceil_div<int64_t>(n, block)
 
 // Every block's inputs converted to fp32 once, before the passes (what pass 2 and pass 3
 // would otherwise each convert again for every pair): O(N·d) memory. dp is head_dim
-// rounded up to whole vectors; padding rows and channels are 0.
+// rounded up to whole vectors; padding rows and channels are 0. The buffers are not
+// zero-filled first (pack_queries and pack_keys write every float, padding included): a
+// memset of them all cost ~1.5% of a call at N=2048.
 struct Packed {
   int64_t d = 0, dp = 0;
   std::vector<int64_t> q_base, k_base;  // per sequence: index of its first query / key block
   int64_t q_blocks = 0, k_blocks = 0;   // over every sequence
-  std::vector<float> q, dout;           // [heads_q][q_blocks][kBlockM][dp]
-  std::vector<float> lse, row_sums;     // [heads_q][q_blocks][kBlockM]; lse +inf: P = 0
-  std::vector<float> k;                 // [heads_kv][k_blocks][kBlockN][dp]
-  std::vector<float> k_t, v_t;          // [heads_kv][k_blocks][d][kBlockN]
+  using Buffer = hwy::AlignedFreeUniquePtr<float[]>;
+  Buffer q, dout;                       // [heads_q][q_blocks][kBlockM][dp]
+  Buffer lse, row_sums;                 // [heads_q][q_blocks][kBlockM]; lse +inf: P = 0
+  Buffer k;                             // [heads_kv][k_blocks][kBlockN][dp]
+  Buffer k_t, v_t;                      // [heads_kv][k_blocks][d][kBlockN]
 
   Packed(const AttentionParams& p, int64_t lanes) : d(p.head_dim), dp(ceil_div(d, lanes) * lanes) {
     for (int64_t b = 0; b < p.batch; ++b) {
@@ -95,8 +104,9 @@ struct Packed {
     return p.heads_q * shape.q_blocks * kBlockM * (2 * shape.dp + 2) +
            p.heads_kv * shape.k_blocks * kBlockN * (shape.dp + 2 * shape.d);
   }
+  int64_t q_floats(const AttentionParams& p) const { return p.heads_q * q_blocks * kBlockM * dp; }
   void allocate(const AttentionParams& p) {
-    auto sized = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.0f); };
+    auto sized = [](int64_t n) { return hwy::AllocateAligned<float>(static_cast<size_t>(n)); };
     q = sized(p.heads_q * q_blocks * kBlockM * dp);
     dout = sized(p.heads_q * q_blocks * kBlockM * dp);
     lse = sized(p.heads_q * q_blocks * kBlockM);
@@ -126,6 +136,10 @@ struct Packed {
     std::vector<float> o(static_cast<size_t>(d));
     for (int64_t r = 0; r < kBlockM; ++r) {
       ls[r] = std::numeric_limits<float>::infinity();  // padding rows: P = 0
+      sums[r] = 0.0f;
+      const int64_t from = r < rows ? d : 0;  // padding channels, or the whole padding row
+      std::fill(qs + r * dp + from, qs + (r + 1) * dp, 0.0f);
+      std::fill(ds + r * dp + from, ds + (r + 1) * dp, 0.0f);
       if (r >= rows) continue;
       const int64_t i = first + r;
       load_row(p.q, p.dtype, seq.q_offset(p, b, i, h), d, qs + r * dp);
@@ -148,6 +162,12 @@ struct Packed {
     float* kt = &k_t[size_t(n * kBlockN * d)];
     float* vt = &v_t[size_t(n * kBlockN * d)];
     std::vector<float> v_row(static_cast<size_t>(d));
+    for (int64_t j = 0; j < kBlockN; ++j)  // padding channels, and rows and columns of keys
+      std::fill(ks + j * dp + (j < keys ? d : 0), ks + (j + 1) * dp, 0.0f);
+    for (int64_t c = 0; c < d; ++c) {
+      std::fill(kt + c * kBlockN + keys, kt + (c + 1) * kBlockN, 0.0f);
+      std::fill(vt + c * kBlockN + keys, vt + (c + 1) * kBlockN, 0.0f);
+    }
     for (int64_t j = 0; j < keys; ++j) {
       load_row(p.k, p.dtype, seq.k_offset(p, b, first + j, hk), d, ks + j * dp);
       load_row(p.v, p.dtype, seq.v_offset(p, b, first + j, hk), d, v_row.data());
@@ -333,7 +353,7 @@ void run_passes(const BackwardParams& bp) {
   pk.allocate(p);
   if (p.is_varlen()) zero_key_gradients(bp);
   const bool fused = fused_schedule(p);
-  std::vector<float> dq_all(fused ? pk.q.size() : 0, 0.0f);
+  std::vector<float> dq_all(size_t(fused ? pk.q_floats(p) : 0), 0.0f);
 
   const int64_t q_per_seq = blocks_of(p.seqlen_q, kBlockM), k_per_seq = blocks_of(p.seqlen_k, kBlockN);
   const int64_t key_tasks = p.batch * p.heads_kv * k_per_seq;

@@ -57,32 +57,54 @@ HWY_INLINE void MicroTile(const float* HWY_RESTRICT a, int64_t lda, const float*
     for (int v = 0; v < V; ++v) hn::StoreU(sum[r][v], df, c + r * ldc + v * lanes);
 }
 
-template <int R, bool kTransA>
-HWY_INLINE void GemmRows(const float* HWY_RESTRICT a, int64_t lda, const float* HWY_RESTRICT b,
-                         int64_t ldb, float* HWY_RESTRICT c, int64_t ldc, int64_t n, int64_t k,
-                         bool accumulate) {
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(DF()));
-  int64_t j = 0;
-  for (; j + kVecs * lanes <= n; j += kVecs * lanes)
-    MicroTile<R, kVecs, kTransA>(a, lda, b + j, ldb, c + j, ldc, k, accumulate);
-  for (; j + 2 * lanes <= n; j += 2 * lanes)
-    MicroTile<R, 2, kTransA>(a, lda, b + j, ldb, c + j, ldc, k, accumulate);
-  for (; j < n; j += lanes) MicroTile<R, 1, kTransA>(a, lda, b + j, ldb, c + j, ldc, k, accumulate);
+// One column panel (V vectors wide) of C over all m rows: row tiles of kRows, the last rows
+// in two tiles of nearly equal height (64 = 9·6 + 5 + 5 on 32-register targets, instead of
+// 10·6 + 2 + 2: a 2-row tile has only 8 accumulators for 2 FMA ports of latency 4).
+template <int V, bool kTransA>
+HWY_INLINE void GemmPanel(const float* HWY_RESTRICT a, int64_t lda, const float* HWY_RESTRICT b,
+                          int64_t ldb, float* HWY_RESTRICT c, int64_t ldc, int64_t m, int64_t k,
+                          bool accumulate) {
+  auto tile = [&](int64_t i, int64_t rows) {
+    const float* ai = kTransA ? a + i : a + i * lda;
+    float* ci = c + i * ldc;
+    switch (rows) {
+      case 1: return MicroTile<1, V, kTransA>(ai, lda, b, ldb, ci, ldc, k, accumulate);
+      case 2: return MicroTile<2, V, kTransA>(ai, lda, b, ldb, ci, ldc, k, accumulate);
+      case 3: return MicroTile<3, V, kTransA>(ai, lda, b, ldb, ci, ldc, k, accumulate);
+      default:
+        if constexpr (kRows >= 6) {
+          if (rows == 4) return MicroTile<4, V, kTransA>(ai, lda, b, ldb, ci, ldc, k, accumulate);
+          if (rows == 5) return MicroTile<5, V, kTransA>(ai, lda, b, ldb, ci, ldc, k, accumulate);
+          return MicroTile<6, V, kTransA>(ai, lda, b, ldb, ci, ldc, k, accumulate);
+        }
+    }
+  };
+  int64_t i = 0;
+  // Full tiles while more than a full tile and a half remain; then the rest in one or two.
+  for (; m - i >= 2 * kRows; i += kRows) tile(i, kRows);
+  const int64_t rest = m - i;
+  if (rest > kRows) {
+    tile(i, (rest + 1) / 2);
+    tile(i + (rest + 1) / 2, rest / 2);
+  } else if (rest > 0) {
+    tile(i, rest);
+  }
 }
 
+// Column panels outermost: a panel of B (k × V·L) stays in L1 while every row tile of A
+// passes over it (k × n of B would not at d = 128: 32 KiB beside A and C). Each C element
+// still sums its k products in order, so the bits are those of any other tile order.
 template <bool kTransA>
 HWY_INLINE void GemmAll(const float* HWY_RESTRICT a, int64_t lda, const float* HWY_RESTRICT b,
                         int64_t ldb, float* HWY_RESTRICT c, int64_t ldc, int64_t m, int64_t n,
                         int64_t k, bool accumulate) {
-  auto rows_of_a = [&](int64_t i) { return kTransA ? a + i : a + i * lda; };
-  int64_t i = 0;
-  for (; i + kRows <= m; i += kRows)
-    GemmRows<kRows, kTransA>(rows_of_a(i), lda, b, ldb, c + i * ldc, ldc, n, k, accumulate);
-  // The last rows in tiles of 2 and 1 (64 = 10·6 + 2·2 on 32-register targets).
-  for (; i + 2 <= m; i += 2)
-    GemmRows<2, kTransA>(rows_of_a(i), lda, b, ldb, c + i * ldc, ldc, n, k, accumulate);
-  for (; i < m; ++i)
-    GemmRows<1, kTransA>(rows_of_a(i), lda, b, ldb, c + i * ldc, ldc, n, k, accumulate);
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(DF()));
+  int64_t j = 0;
+  for (; j + kVecs * lanes <= n; j += kVecs * lanes)
+    GemmPanel<kVecs, kTransA>(a, lda, b + j, ldb, c + j, ldc, m, k, accumulate);
+  for (; j + 2 * lanes <= n; j += 2 * lanes)
+    GemmPanel<2, kTransA>(a, lda, b + j, ldb, c + j, ldc, m, k, accumulate);
+  for (; j < n; j += lanes) GemmPanel<1, kTransA>(a, lda, b + j, ldb, c + j, ldc, m, k, accumulate);
 }
 
 // C (m × n, row stride ldc) (+)= A (m × k) · B (k × n), all fp32 row-major, or Aᵀ · B when
