@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <new>
 #include <vector>
 
 #include "attn/block_range.hpp"
@@ -75,20 +76,54 @@ void store_row(void* data, DType dtype, int64_t offset, int64_t n, const float* 
 
 int64_t blocks_of(int64_t n, int64_t block) { return ceil_div<int64_t>(n, block); }
 
+// The fp32 workspace of a call (the packed blocks and the fused schedule's dQ accumulators),
+// kept by the calling thread for its next call up to kKeptFloats: a fresh one per call
+// faulted its 24-48 MiB in page by page at N=2048, 3-9% of a call on the dev VM (measured
+// with glibc told to keep freed memory). Not zeroed: every user of it writes it first.
+constexpr size_t kKeptFloats = size_t(256) << 20 >> 2;  // 256 MiB
+class Workspace {
+ public:
+  explicit Workspace(size_t floats) {
+    thread_local hwy::AlignedFreeUniquePtr<float[]> kept;
+    thread_local size_t kept_floats = 0;
+    if (floats <= kept_floats) {
+      base_ = kept.get();
+    } else if (floats <= kKeptFloats) {
+      kept = hwy::AllocateAligned<float>(floats);
+      kept_floats = floats;
+      base_ = kept.get();
+    } else {
+      own_ = hwy::AllocateAligned<float>(floats);
+      base_ = own_.get();
+    }
+    if (base_ == nullptr) throw std::bad_alloc();
+  }
+  float* take(int64_t floats) {  // 64-byte aligned slices, in order
+    float* slice = base_ + used_;
+    used_ += rounded(floats);
+    return slice;
+  }
+  static size_t rounded(int64_t floats) { return (size_t(floats) + 15) / 16 * 16; }
+
+ private:
+  float* base_ = nullptr;
+  size_t used_ = 0;
+  hwy::AlignedFreeUniquePtr<float[]> own_;
+};
+
 // Every block's inputs converted to fp32 once, before the passes (what pass 2 and pass 3
 // would otherwise each convert again for every pair): O(N·d) memory. dp is head_dim
-// rounded up to whole vectors; padding rows and channels are 0. The buffers are not
-// zero-filled first (pack_queries and pack_keys write every float, padding included): a
-// memset of them all cost ~1.5% of a call at N=2048.
+// rounded up to whole vectors; padding rows and channels are 0. The buffers are slices of
+// the Workspace, not zero-filled first (pack_queries and pack_keys write every float,
+// padding included): a memset of them all cost ~1.5% of a call at N=2048.
 struct Packed {
   int64_t d = 0, dp = 0;
   std::vector<int64_t> q_base, k_base;  // per sequence: index of its first query / key block
   int64_t q_blocks = 0, k_blocks = 0;   // over every sequence
-  using Buffer = hwy::AlignedFreeUniquePtr<float[]>;
-  Buffer q, dout;                       // [heads_q][q_blocks][kBlockM][dp]
-  Buffer lse, row_sums;                 // [heads_q][q_blocks][kBlockM]; lse +inf: P = 0
-  Buffer k;                             // [heads_kv][k_blocks][kBlockN][dp]
-  Buffer k_t, v_t;                      // [heads_kv][k_blocks][d][kBlockN]
+  float *q = nullptr, *dout = nullptr;  // [heads_q][q_blocks][kBlockM][dp]
+  float *lse = nullptr, *row_sums = nullptr;  // [heads_q][q_blocks][kBlockM]; lse +inf: P = 0
+  float* k = nullptr;                   // [heads_kv][k_blocks][kBlockN][dp]
+  float *k_t = nullptr, *v_t = nullptr;  // [heads_kv][k_blocks][d][kBlockN]
 
   Packed(const AttentionParams& p, int64_t lanes) : d(p.head_dim), dp(ceil_div(d, lanes) * lanes) {
     for (int64_t b = 0; b < p.batch; ++b) {
@@ -105,15 +140,23 @@ struct Packed {
            p.heads_kv * shape.k_blocks * kBlockN * (shape.dp + 2 * shape.d);
   }
   int64_t q_floats(const AttentionParams& p) const { return p.heads_q * q_blocks * kBlockM * dp; }
-  void allocate(const AttentionParams& p) {
-    auto sized = [](int64_t n) { return hwy::AllocateAligned<float>(static_cast<size_t>(n)); };
-    q = sized(p.heads_q * q_blocks * kBlockM * dp);
-    dout = sized(p.heads_q * q_blocks * kBlockM * dp);
-    lse = sized(p.heads_q * q_blocks * kBlockM);
-    row_sums = sized(p.heads_q * q_blocks * kBlockM);
-    k = sized(p.heads_kv * k_blocks * kBlockN * dp);
-    k_t = sized(p.heads_kv * k_blocks * kBlockN * d);
-    v_t = sized(p.heads_kv * k_blocks * kBlockN * d);
+  // The floats of the slices allocate() takes, then `extra` more (dq_all).
+  size_t workspace_floats(const AttentionParams& p, int64_t extra) const {
+    const int64_t rows = p.heads_q * q_blocks * kBlockM;
+    const int64_t ks = p.heads_kv * k_blocks * kBlockN * dp, kt = p.heads_kv * k_blocks * kBlockN * d;
+    size_t n = 0;
+    for (int64_t s : {q_floats(p), q_floats(p), rows, rows, ks, kt, kt, extra})
+      n += Workspace::rounded(s);
+    return n;
+  }
+  void allocate(const AttentionParams& p, Workspace& ws) {
+    q = ws.take(q_floats(p));
+    dout = ws.take(q_floats(p));
+    lse = ws.take(p.heads_q * q_blocks * kBlockM);
+    row_sums = ws.take(p.heads_q * q_blocks * kBlockM);
+    k = ws.take(p.heads_kv * k_blocks * kBlockN * dp);
+    k_t = ws.take(p.heads_kv * k_blocks * kBlockN * d);
+    v_t = ws.take(p.heads_kv * k_blocks * kBlockN * d);
   }
   // Index of query block qb of head h of sequence b, and of key block kb of kv head hk.
   int64_t q_block(int64_t b, int64_t h, int64_t qb) const {
@@ -350,10 +393,13 @@ void run_passes(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   const Kernels kern = kernels();
   Packed pk(p, kern.lanes);
-  pk.allocate(p);
-  if (p.is_varlen()) zero_key_gradients(bp);
   const bool fused = fused_schedule(p);
-  std::vector<float> dq_all(size_t(fused ? pk.q_floats(p) : 0), 0.0f);
+  const int64_t dq_floats = fused ? pk.q_floats(p) : 0;
+  Workspace ws(pk.workspace_floats(p, dq_floats));
+  pk.allocate(p, ws);
+  // Null for the split schedule (no dQ beside dK/dV); each fused task zeroes its own part.
+  float* const dq_all = fused ? ws.take(dq_floats) : nullptr;
+  if (p.is_varlen()) zero_key_gradients(bp);
 
   const int64_t q_per_seq = blocks_of(p.seqlen_q, kBlockM), k_per_seq = blocks_of(p.seqlen_k, kBlockN);
   const int64_t key_tasks = p.batch * p.heads_kv * k_per_seq;
@@ -388,12 +434,17 @@ void run_passes(const BackwardParams& bp) {
       for (int64_t pair = 0; pair < p.batch * p.heads_kv; ++pair) {
         const int64_t bb = pair / p.heads_kv, hk = pair % p.heads_kv;
         const Seqlen seq(p, bb);
+        for (int64_t hq = hk * p.heads_per_kv(); hq < (hk + 1) * p.heads_per_kv(); ++hq)
+          for (int64_t qb = 0; qb < blocks_of(seq.seqlen_q, kBlockM); ++qb) {
+            float* acc = dq_all + pk.q_block(bb, hq, qb) * kBlockM * pk.dp;
+            std::fill(acc, acc + kBlockM * pk.dp, 0.0f);
+          }
         for (int64_t kb = 0; kb < blocks_of(seq.seqlen_k, kBlockN); ++kb)
-          key_block_gradients<Flags>(kern, bp, pk, bb, hk, kb, tiles, dq_all.data());
+          key_block_gradients<Flags>(kern, bp, pk, bb, hk, kb, tiles, dq_all);
         for (int64_t hq = hk * p.heads_per_kv(); hq < (hk + 1) * p.heads_per_kv(); ++hq)
           for (int64_t qb = 0; qb < blocks_of(seq.seqlen_q, kBlockM); ++qb)
             sink_partials[size_t((bb * p.heads_q + hq) * q_per_seq + qb)] = finish_query_block(
-                bp, pk, bb, hq, qb, &dq_all[size_t(pk.q_block(bb, hq, qb) * kBlockM * pk.dp)]);
+                bp, pk, bb, hq, qb, dq_all + pk.q_block(bb, hq, qb) * kBlockM * pk.dp);
       }
     } else {
 #pragma omp for schedule(dynamic, 1)
