@@ -65,6 +65,18 @@ void load_row(const void* data, DType dtype, int64_t offset, int64_t n, float* d
   }
   for (int64_t c = 0; c < n; ++c) dst[c] = load_as_float(data, dtype, offset + c);
 }
+// Asks for the cache lines of n values of `dtype` from element `offset` of `data`: the
+// packing reads rows a head's row stride apart (2 KiB in BSHD at H=8 d=64), which the
+// hardware prefetchers do not follow, so each row's lines used to come from DRAM one miss
+// at a time (load_row was 7% of a call at N=2048 d=64 causal).
+void prefetch_row(const void* data, DType dtype, int64_t offset, int64_t n) {
+  const int64_t bytes = dtype == DType::f32 ? 4 : 2;
+  const char* begin = static_cast<const char*>(data) + offset * bytes;
+  const char* end = begin + n * bytes;
+  for (const char* line = begin; line < end; line += 64) __builtin_prefetch(line, 0, 3);
+}
+constexpr int64_t kPrefetchRows = 4;  // rows ahead
+
 void store_row(void* data, DType dtype, int64_t offset, int64_t n, const float* src) {
   if (dtype == DType::f32) {  // a plain copy the compiler vectorises (no switch per element)
     float* dst = static_cast<float*>(data) + offset;
@@ -185,6 +197,12 @@ struct Packed {
       std::fill(ds + r * dp + from, ds + (r + 1) * dp, 0.0f);
       if (r >= rows) continue;
       const int64_t i = first + r;
+      if (r + kPrefetchRows < rows) {
+        const int64_t ahead = i + kPrefetchRows;
+        prefetch_row(p.q, p.dtype, seq.q_offset(p, b, ahead, h), d);
+        prefetch_row(bp.dout, p.dtype, seq.row_offset_q(bp.dout_strides, b, ahead, h), d);
+        prefetch_row(p.o, p.dtype, seq.o_offset(p, b, ahead, h), d);
+      }
       load_row(p.q, p.dtype, seq.q_offset(p, b, i, h), d, qs + r * dp);
       load_row(bp.dout, p.dtype, seq.row_offset_q(bp.dout_strides, b, i, h), d, ds + r * dp);
       load_row(p.o, p.dtype, seq.o_offset(p, b, i, h), d, o.data());
@@ -212,6 +230,10 @@ struct Packed {
       std::fill(vt + c * kBlockN + keys, vt + (c + 1) * kBlockN, 0.0f);
     }
     for (int64_t j = 0; j < keys; ++j) {
+      if (j + kPrefetchRows < keys) {
+        prefetch_row(p.k, p.dtype, seq.k_offset(p, b, first + j + kPrefetchRows, hk), d);
+        prefetch_row(p.v, p.dtype, seq.v_offset(p, b, first + j + kPrefetchRows, hk), d);
+      }
       load_row(p.k, p.dtype, seq.k_offset(p, b, first + j, hk), d, ks + j * dp);
       load_row(p.v, p.dtype, seq.v_offset(p, b, first + j, hk), d, v_row.data());
       for (int64_t c = 0; c < d; ++c) {
