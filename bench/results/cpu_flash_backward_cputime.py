@@ -17,7 +17,7 @@ repeats = int(os.environ.get("REPEATS", "3"))
 which = os.environ.get("WHICH", "both")
 clock = time.perf_counter if os.environ.get("WALL") else time.process_time
 cases = sys.argv[1:] or ["2048:64:0", "2048:64:1", "2048:128:0", "2048:128:1"]
-B, H = 1, 8
+B, H = 1, int(os.environ.get("HEADS", "8"))
 for case in cases:
     n, d, causal = case.split(":")
     n, d, causal = int(n), int(d), bool(int(causal))
