@@ -57,6 +57,8 @@ constexpr int64_t kBlockM = 64;
 constexpr int64_t kBlockN = 64;
 // The SIMD kernels take tile rows of whole vectors: up to 16 floats (AVX-512).
 static_assert(kBlockN % 16 == 0, "a key block must be whole vectors on every target");
+// Query blocks per task of the wavefront schedule (one dQ dependence token per such run).
+constexpr int64_t kWaveBlocks = 4;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // n values of `dtype` from element `offset` of `data` into dst as fp32.
@@ -497,23 +499,33 @@ void run_passes(const BackwardParams& bp) {
           const int64_t kn = pk.k_block(bb, hk, kb);
           float* dk_acc = dkv_all + kn * 2 * kBlockN * pk.dp;
           float* dv_acc = dk_acc + kBlockN * pk.dp;
+          const int64_t q_blocks = blocks_of(seq.seqlen_q, kBlockM);
           for (int64_t hq = hk * p.heads_per_kv(); hq < (hk + 1) * p.heads_per_kv(); ++hq)
-            for (int64_t qb = 0; qb < blocks_of(seq.seqlen_q, kBlockM); ++qb) {
-              const int64_t i0 = qb * kBlockM, i1 = std::min(seq.seqlen_q, i0 + kBlockM);
-              const KeyBlocks<int64_t> blocks = key_blocks(mask, i0, i1, kBlockN);
-              if (kb < blocks.begin || kb >= blocks.end) continue;
-              const int64_t qn = pk.q_block(bb, hq, qb);
-              float* dq_acc = dq_all + qn * kBlockM * pk.dp;
-              const bool needs_mask = blocks.needs_mask(kb);
+            for (int64_t q0 = 0; q0 < q_blocks; q0 += kWaveBlocks) {
+              const int64_t q1 = std::min(q_blocks, q0 + kWaveBlocks);
+              bool any = false;  // does a query block of [q0, q1) see key block kb?
+              for (int64_t qb = q0; qb < q1 && !any; ++qb) {
+                const KeyBlocks<int64_t> blocks = key_blocks(
+                    mask, qb * kBlockM, std::min(seq.seqlen_q, (qb + 1) * kBlockM), kBlockN);
+                any = kb >= blocks.begin && kb < blocks.end;
+              }
+              if (!any) continue;
               char* kdep = &key_order[size_t(kn)];
-              char* qdep = &query_order[size_t(qn)];
-#pragma omp task default(shared) firstprivate(bb, hq, qb, kb, dk_acc, dv_acc, dq_acc, needs_mask, kdep, qdep) depend(inout : kdep[0], qdep[0])
+              char* qdep = &query_order[size_t(pk.q_block(bb, hq, q0))];
+#pragma omp task default(shared) firstprivate(bb, hq, q0, q1, kb, dk_acc, dv_acc, kdep, qdep) depend(inout : kdep[0], qdep[0])
               {
                 const Seqlen s2(p, bb);
                 const Mask<int64_t> m2 = s2.mask(p);
-                const Pair pr = make_pair(pk, p, s2, bb, hq, qb, kb);
-                pair_step<Flags>(kern, pk, m2, logits_transform<float>(p, bb, hq), needs_mask, pr,
-                                 *tiles_of[size_t(omp_get_thread_num())], dk_acc, dv_acc, dq_acc);
+                const LogitsTransform<float> logits = logits_transform<float>(p, bb, hq);
+                Tiles& t = *tiles_of[size_t(omp_get_thread_num())];
+                for (int64_t qb = q0; qb < q1; ++qb) {
+                  const int64_t i0 = qb * kBlockM, i1 = std::min(s2.seqlen_q, i0 + kBlockM);
+                  const KeyBlocks<int64_t> blocks = key_blocks(m2, i0, i1, kBlockN);
+                  if (kb < blocks.begin || kb >= blocks.end) continue;
+                  const Pair pr = make_pair(pk, p, s2, bb, hq, qb, kb);
+                  pair_step<Flags>(kern, pk, m2, logits, blocks.needs_mask(kb), pr, t, dk_acc,
+                                   dv_acc, dq_all + pk.q_block(bb, hq, qb) * kBlockM * pk.dp);
+                }
               }
             }
           char* kdep = &key_order[size_t(kn)];
@@ -523,7 +535,7 @@ void run_passes(const BackwardParams& bp) {
         for (int64_t hq = hk * p.heads_per_kv(); hq < (hk + 1) * p.heads_per_kv(); ++hq)
           for (int64_t qb = 0; qb < blocks_of(seq.seqlen_q, kBlockM); ++qb) {
             const int64_t qn = pk.q_block(bb, hq, qb);
-            char* qdep = &query_order[size_t(qn)];
+            char* qdep = &query_order[size_t(pk.q_block(bb, hq, qb / kWaveBlocks * kWaveBlocks))];
 #pragma omp task default(shared) firstprivate(bb, hq, qb, qn, qdep) depend(inout : qdep[0])
             sink_partials[size_t((bb * p.heads_q + hq) * q_per_seq + qb)] =
                 finish_query_block(bp, pk, bb, hq, qb, dq_all + qn * kBlockM * pk.dp);
