@@ -15,12 +15,13 @@
 //      says which, and whether the mask is needed), accumulating dV += Pᵀ·dO and
 //      dK += dSᵀ·Q for the key block and dQ += dS·K in fp32 accumulators for the whole
 //      sequence (FlashAttention-2's loop; 5 block products per pair).
-//   2'. Otherwise the wavefront schedule: one OpenMP task per pair, the same 5 products,
+//   2'. Otherwise the wavefront schedule: one OpenMP task per key block and run of
+//      kWaveBlocks query blocks, the same 5 products per pair,
 //      into fp32 accumulators per key block (dK, dV) and per query block (dQ); task
 //      dependences on the two accumulators keep each one's additions in the fused loop's
 //      order, so pairs of different key and query blocks run at once. (It replaced a split
 //      schedule, dK/dV per key block then dQ per query block recomputing S and dP: 7
-//      products per pair; the wavefront measured 1.13-1.24x less CPU time at 2 threads,
+//      products per pair; the wavefront measured 1.27-1.49x less CPU time at 2 threads,
 //      B=1 H=1 N=4096.)
 // Both do every accumulator's additions in the same order with the same operations: they
 // give the same bits. The sinks' gradient is summed per query block and then in block order.
@@ -408,7 +409,8 @@ float finish_query_block(const BackwardParams& bp, const Packed& pk, int64_t b, 
 
 // The fused schedule (one task per (sequence, kv head), dQ accumulated beside dK and dV: 5
 // block products per pair) when there are at least as many such tasks as threads; else the
-// wavefront one: one OpenMP task per pair, the same 5 products, ordered by its two
+// wavefront one: one OpenMP task per key block and run of kWaveBlocks query blocks, the
+// same 5 products per pair, ordered by its two
 // accumulators (a pair follows the pair before it on its key block's dK/dV, in the fused
 // loop's order, and the pair before it on its query block's dQ, key blocks increasing), so
 // pairs on different key and query blocks run at once. Both do every accumulator's
