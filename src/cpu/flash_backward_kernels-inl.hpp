@@ -57,32 +57,54 @@ HWY_INLINE void MicroTile(const float* HWY_RESTRICT a, int64_t lda, const float*
     for (int v = 0; v < V; ++v) hn::StoreU(sum[r][v], df, c + r * ldc + v * lanes);
 }
 
-template <int R, bool kTransA>
-HWY_INLINE void GemmRows(const float* HWY_RESTRICT a, int64_t lda, const float* HWY_RESTRICT b,
-                         int64_t ldb, float* HWY_RESTRICT c, int64_t ldc, int64_t n, int64_t k,
-                         bool accumulate) {
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(DF()));
-  int64_t j = 0;
-  for (; j + kVecs * lanes <= n; j += kVecs * lanes)
-    MicroTile<R, kVecs, kTransA>(a, lda, b + j, ldb, c + j, ldc, k, accumulate);
-  for (; j + 2 * lanes <= n; j += 2 * lanes)
-    MicroTile<R, 2, kTransA>(a, lda, b + j, ldb, c + j, ldc, k, accumulate);
-  for (; j < n; j += lanes) MicroTile<R, 1, kTransA>(a, lda, b + j, ldb, c + j, ldc, k, accumulate);
+// One column panel (V vectors wide) of C over all m rows: row tiles of kRows, the last rows
+// in two tiles of nearly equal height (64 = 9·6 + 5 + 5 on 32-register targets, instead of
+// 10·6 + 2 + 2: a 2-row tile has only 8 accumulators for 2 FMA ports of latency 4).
+template <int V, bool kTransA>
+HWY_INLINE void GemmPanel(const float* HWY_RESTRICT a, int64_t lda, const float* HWY_RESTRICT b,
+                          int64_t ldb, float* HWY_RESTRICT c, int64_t ldc, int64_t m, int64_t k,
+                          bool accumulate) {
+  auto tile = [&](int64_t i, int64_t rows) {
+    const float* ai = kTransA ? a + i : a + i * lda;
+    float* ci = c + i * ldc;
+    switch (rows) {
+      case 1: return MicroTile<1, V, kTransA>(ai, lda, b, ldb, ci, ldc, k, accumulate);
+      case 2: return MicroTile<2, V, kTransA>(ai, lda, b, ldb, ci, ldc, k, accumulate);
+      case 3: return MicroTile<3, V, kTransA>(ai, lda, b, ldb, ci, ldc, k, accumulate);
+      default:
+        if constexpr (kRows >= 6) {
+          if (rows == 4) return MicroTile<4, V, kTransA>(ai, lda, b, ldb, ci, ldc, k, accumulate);
+          if (rows == 5) return MicroTile<5, V, kTransA>(ai, lda, b, ldb, ci, ldc, k, accumulate);
+          return MicroTile<6, V, kTransA>(ai, lda, b, ldb, ci, ldc, k, accumulate);
+        }
+    }
+  };
+  int64_t i = 0;
+  // Full tiles while more than a full tile and a half remain; then the rest in one or two.
+  for (; m - i >= 2 * kRows; i += kRows) tile(i, kRows);
+  const int64_t rest = m - i;
+  if (rest > kRows) {
+    tile(i, (rest + 1) / 2);
+    tile(i + (rest + 1) / 2, rest / 2);
+  } else if (rest > 0) {
+    tile(i, rest);
+  }
 }
 
+// Column panels outermost: a panel of B (k × V·L) stays in L1 while every row tile of A
+// passes over it (k × n of B would not at d = 128: 32 KiB beside A and C). Each C element
+// still sums its k products in order, so the bits are those of any other tile order.
 template <bool kTransA>
 HWY_INLINE void GemmAll(const float* HWY_RESTRICT a, int64_t lda, const float* HWY_RESTRICT b,
                         int64_t ldb, float* HWY_RESTRICT c, int64_t ldc, int64_t m, int64_t n,
                         int64_t k, bool accumulate) {
-  auto rows_of_a = [&](int64_t i) { return kTransA ? a + i : a + i * lda; };
-  int64_t i = 0;
-  for (; i + kRows <= m; i += kRows)
-    GemmRows<kRows, kTransA>(rows_of_a(i), lda, b, ldb, c + i * ldc, ldc, n, k, accumulate);
-  // The last rows in tiles of 2 and 1 (64 = 10·6 + 2·2 on 32-register targets).
-  for (; i + 2 <= m; i += 2)
-    GemmRows<2, kTransA>(rows_of_a(i), lda, b, ldb, c + i * ldc, ldc, n, k, accumulate);
-  for (; i < m; ++i)
-    GemmRows<1, kTransA>(rows_of_a(i), lda, b, ldb, c + i * ldc, ldc, n, k, accumulate);
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(DF()));
+  int64_t j = 0;
+  for (; j + kVecs * lanes <= n; j += kVecs * lanes)
+    GemmPanel<kVecs, kTransA>(a, lda, b + j, ldb, c + j, ldc, m, k, accumulate);
+  for (; j + 2 * lanes <= n; j += 2 * lanes)
+    GemmPanel<2, kTransA>(a, lda, b + j, ldb, c + j, ldc, m, k, accumulate);
+  for (; j < n; j += lanes) GemmPanel<1, kTransA>(a, lda, b + j, ldb, c + j, ldc, m, k, accumulate);
 }
 
 // C (m × n, row stride ldc) (+)= A (m × k) · B (k × n), all fp32 row-major, or Aᵀ · B when
@@ -115,11 +137,28 @@ HWY_NOINLINE void Softcap(float* HWY_RESTRICT s, float* HWY_RESTRICT chain, int6
     }
 }
 
-// exp(x), exactly 0 below ln(2^-126) and for -inf (masked logits), as the oracle's.
+// exp(x), exactly 0 below ln(2^-126) and for -inf (masked logits), as the oracle's: the
+// forward's FastExp (flash_kernels-inl.hpp, which has its derivation; 2 ulp on [-87, 88]),
+// mirrored here because that header defines the forward's kernels. 2^n · exp(r), n =
+// round(x / ln2) by the shifter trick, exp(r) = 1 + r + r²·q(r). It replaced Highway's Exp
+// (hn::Exp: more range reduction and a wider polynomial), which was ~5% of a call at d=128.
 HWY_INLINE VF ExpOrZero(DF df, VF x) {
+  const hn::RebindToSigned<DF> di;
+  constexpr float kShifter = 12582912.0f + 127.0f;  // 1.5·2^23 + exponent bias
   constexpr float kMinExpArg = -87.33654475f;
-  const VF lo = hn::Set(df, kMinExpArg);
-  return hn::IfThenZeroElse(hn::Lt(x, lo), hn::Exp(df, hn::Max(x, lo)));
+  const VF shifted = hn::MulAdd(x, hn::Set(df, 1.44269504088896341f), hn::Set(df, kShifter));
+  const VF n = hn::Sub(shifted, hn::Set(df, kShifter));
+  constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440054690583e-4f;
+  VF r = hn::NegMulAdd(n, hn::Set(df, kLn2Hi), x);
+  r = hn::NegMulAdd(n, hn::Set(df, kLn2Lo), r);
+  VF q = hn::Set(df, 1.375140739e-03f);
+  q = hn::MulAdd(q, r, hn::Set(df, 8.368915878e-03f));
+  q = hn::MulAdd(q, r, hn::Set(df, 4.166953266e-02f));
+  q = hn::MulAdd(q, r, hn::Set(df, 1.666651815e-01f));
+  q = hn::MulAdd(q, r, hn::Set(df, 4.999998808e-01f));
+  const VF e_r = hn::MulAdd(hn::Mul(r, r), q, hn::Add(r, hn::Set(df, 1.0f)));
+  const VF two_n = hn::BitCast(df, hn::ShiftLeft<23>(hn::BitCast(di, shifted)));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(df, kMinExpArg)), hn::Mul(e_r, two_n));
 }
 
 // s (logits, -inf where masked) becomes P = exp(s·logit_scale - lse_i) and dp becomes
