@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "cpu/simd_math-inl.hpp"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
@@ -137,29 +138,10 @@ HWY_NOINLINE void Softcap(float* HWY_RESTRICT s, float* HWY_RESTRICT chain, int6
     }
 }
 
-// exp(x), exactly 0 below ln(2^-126) and for -inf (masked logits), as the oracle's: the
-// forward's FastExp (flash_kernels-inl.hpp, which has its derivation; 2 ulp on [-87, 88]),
-// mirrored here because that header defines the forward's kernels. 2^n · exp(r), n =
-// round(x / ln2) by the shifter trick, exp(r) = 1 + r + r²·q(r). It replaced Highway's Exp
-// (hn::Exp: more range reduction and a wider polynomial), which was ~5% of a call at d=128.
-HWY_INLINE VF ExpOrZero(DF df, VF x) {
-  const hn::RebindToSigned<DF> di;
-  constexpr float kShifter = 12582912.0f + 127.0f;  // 1.5·2^23 + exponent bias
-  constexpr float kMinExpArg = -87.33654475f;
-  const VF shifted = hn::MulAdd(x, hn::Set(df, 1.44269504088896341f), hn::Set(df, kShifter));
-  const VF n = hn::Sub(shifted, hn::Set(df, kShifter));
-  constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440054690583e-4f;
-  VF r = hn::NegMulAdd(n, hn::Set(df, kLn2Hi), x);
-  r = hn::NegMulAdd(n, hn::Set(df, kLn2Lo), r);
-  VF q = hn::Set(df, 1.375140739e-03f);
-  q = hn::MulAdd(q, r, hn::Set(df, 8.368915878e-03f));
-  q = hn::MulAdd(q, r, hn::Set(df, 4.166953266e-02f));
-  q = hn::MulAdd(q, r, hn::Set(df, 1.666651815e-01f));
-  q = hn::MulAdd(q, r, hn::Set(df, 4.999998808e-01f));
-  const VF e_r = hn::MulAdd(hn::Mul(r, r), q, hn::Add(r, hn::Set(df, 1.0f)));
-  const VF two_n = hn::BitCast(df, hn::ShiftLeft<23>(hn::BitCast(di, shifted)));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(df, kMinExpArg)), hn::Mul(e_r, two_n));
-}
+// exp(x), exactly 0 below ln(2^-126) and for -inf (masked logits): the forward's FastExp
+// (2 ulp on [-87, 88]; its derivation is in simd_math-inl.hpp). It replaced Highway's Exp
+// (more range reduction and a wider polynomial), which was ~5% of a call at d=128.
+using simd_math::HWY_NAMESPACE::FastExp;
 
 // s (logits, -inf where masked) becomes P = exp(s·logit_scale - lse_i) and dp becomes
 // dS = P∘(dP - D_i)∘chain, chain being the tile of derivatives (null: the constant `scale`).
@@ -174,7 +156,7 @@ HWY_NOINLINE void Probabilities(float* HWY_RESTRICT s, float* HWY_RESTRICT dp,
     const VF shift = hn::Set(df, lse[i]), d = hn::Set(df, row_sums[i]);
     const VF ls = hn::Set(df, logit_scale);
     for (int64_t j = 0; j < n; j += lanes) {
-      const VF p = ExpOrZero(df, hn::MulSub(hn::LoadU(df, s + i * ld + j), ls, shift));
+      const VF p = FastExp(df, hn::MulSub(hn::LoadU(df, s + i * ld + j), ls, shift));
       hn::StoreU(p, df, s + i * ld + j);
       const VF factor = chain != nullptr ? hn::LoadU(df, chain + i * ld + j) : hn::Set(df, scale);
       const VF ds = hn::Mul(hn::Mul(p, hn::Sub(hn::LoadU(df, dp + i * ld + j), d)), factor);
