@@ -212,8 +212,11 @@ struct Packed {
       load_row(p.q, p.dtype, seq.q_offset(p, b, i, h), d, qs + r * dp);
       load_row(bp.dout, p.dtype, seq.row_offset_q(bp.dout_strides, b, i, h), d, ds + r * dp);
       load_row(p.o, p.dtype, seq.o_offset(p, b, i, h), d, o.data());
+      // One fused multiply-add per channel in channel order, as the block product forms
+      // dP = dO·Vᵀ on FMA targets: where O equals one value row (a row that sees one key),
+      // dP - D is then exactly 0, as it is in exact arithmetic.
       float sum = 0.0f;
-      for (int64_t c = 0; c < d; ++c) sum += ds[r * dp + c] * o[c];
+      for (int64_t c = 0; c < d; ++c) sum = std::fma(ds[r * dp + c], o[c], sum);
       sums[r] = sum;
       const float l = p.lse[seq.lse_index(p, b, h, i)];
       if (l != kNegInf) ls[r] = l;  // a row that sees nothing has P = 0 too
