@@ -9,39 +9,45 @@
 
 namespace flashtile::detail {
 
+// Blocks [begin, end) of a range (key blocks for a query block, or query blocks for a key
+// block, in the backward pass) and the blocks [full_begin, full_end) where every pair is
+// visible. A block outside the full ones holds pairs the mask hides (or positions past the
+// sequence, in a last partial block), so the kernel evaluates the mask there.
 template <class Int>
-struct KeyBlocks {
-  Int begin = 0, end = 0;            // blocks [begin, end) hold every key some row sees
-  Int full_begin = 0, full_end = 0;  // blocks [full_begin, full_end) are seen whole by every row
+struct BlockRange {
+  Int begin = 0, end = 0;
+  Int full_begin = 0, full_end = 0;
 
   FT_HOST_DEVICE bool empty() const { return end <= begin; }
   FT_HOST_DEVICE Int count() const { return end > begin ? end - begin : Int(0); }
-  // A block outside [full_begin, full_end) holds keys some row must not see (or keys past
-  // seqlen_k, in a last partial block).
   FT_HOST_DEVICE bool needs_mask(Int n) const { return n < full_begin || n >= full_end; }
 };
+template <class Int>
+using KeyBlocks = BlockRange<Int>;
+template <class Int>
+using QueryBlocks = BlockRange<Int>;
 
 template <class Int>
 FT_HOST_DEVICE Int ceil_div(Int a, Int b) {
   return (a + b - 1) / b;
 }
 
-// Blocks of `block_n` keys for query rows [row_begin, row_end) of one sequence (row_end
-// clamped to its seqlen_q by the caller). The bounds of the rows move monotonically with the
-// row, so the first and last rows bound the union and the intersection of what rows see.
-template <class Int>
-FT_HOST_DEVICE KeyBlocks<Int> key_blocks(const Mask<Int>& mask, Int row_begin, Int row_end,
-                                         Int block_n) {
-  KeyBlocks<Int> blocks;
-  if (row_end <= row_begin) return blocks;
-  const Int first = mask.first_key(row_begin), last_end = mask.key_end(row_end - 1);
+// The blocks of `block` positions seen from an interval of the other axis whose bounds move
+// monotonically with it: `first_of(x)` / `end_of(x)` bound what position x of the interval
+// [lo, hi) sees, so the first and last positions bound the union and the intersection.
+template <class Int, class FirstOf, class EndOf>
+FT_HOST_DEVICE BlockRange<Int> monotone_blocks(FirstOf first_of, EndOf end_of, Int lo, Int hi,
+                                               Int block) {
+  BlockRange<Int> blocks;
+  if (hi <= lo) return blocks;
+  const Int first = first_of(lo), last_end = end_of(hi - 1);
   if (last_end <= first) return blocks;
-  blocks.begin = first / block_n;
-  blocks.end = ceil_div(last_end, block_n);
-  // Keys every row sees: from the last row's first key to the first row's end. key_end is
-  // at most seqlen_k, so a partial last block is never "full".
-  Int full_begin = ceil_div(mask.first_key(row_end - 1), block_n);
-  Int full_end = mask.key_end(row_begin) / block_n;
+  blocks.begin = first / block;
+  blocks.end = ceil_div(last_end, block);
+  // Seen by every position: from the last one's first to the first one's end. An end is at
+  // most the sequence length, so a partial last block is never "full".
+  Int full_begin = ceil_div(first_of(hi - 1), block);
+  Int full_end = end_of(lo) / block;
   full_begin = full_begin > blocks.begin ? full_begin : blocks.begin;
   full_end = full_end < blocks.end ? full_end : blocks.end;
   blocks.full_begin = full_begin;
@@ -49,39 +55,22 @@ FT_HOST_DEVICE KeyBlocks<Int> key_blocks(const Mask<Int>& mask, Int row_begin, I
   return blocks;
 }
 
-// The backward pass's inverse: the blocks of query rows that see keys [key_begin, key_end)
-// of one sequence (key_end clamped to its seqlen_k by the caller), those where the mask must
-// be evaluated and those whose every row sees every key. A partial last query block (rows
-// past seqlen_q) is never "full", as a partial last key block is never full above.
+// Blocks of `block_n` keys for query rows [row_begin, row_end) of one sequence (row_end
+// clamped to its seqlen_q by the caller).
 template <class Int>
-struct QueryBlocks {
-  Int begin = 0, end = 0;            // blocks [begin, end) hold every row that sees a key
-  Int full_begin = 0, full_end = 0;  // blocks [full_begin, full_end): every row sees every key
+FT_HOST_DEVICE KeyBlocks<Int> key_blocks(const Mask<Int>& mask, Int row_begin, Int row_end,
+                                         Int block_n) {
+  return monotone_blocks([&](Int i) { return mask.first_key(i); },
+                         [&](Int i) { return mask.key_end(i); }, row_begin, row_end, block_n);
+}
 
-  FT_HOST_DEVICE bool empty() const { return end <= begin; }
-  FT_HOST_DEVICE Int count() const { return end > begin ? end - begin : Int(0); }
-  FT_HOST_DEVICE bool needs_mask(Int m) const { return m < full_begin || m >= full_end; }
-};
-
-// Blocks of `block_m` query rows for keys [key_begin, key_end). The rows that see a key move
-// monotonically with the key, so the first and last keys bound the union and intersection.
+// The backward pass's inverse: blocks of `block_m` query rows that see keys
+// [key_begin, key_end) of one sequence (key_end clamped to its seqlen_k by the caller).
 template <class Int>
 FT_HOST_DEVICE QueryBlocks<Int> query_blocks(const Mask<Int>& mask, Int key_begin, Int key_end,
                                              Int block_m) {
-  QueryBlocks<Int> blocks;
-  if (key_end <= key_begin) return blocks;
-  const Int first = mask.first_query(key_begin), last_end = mask.query_end(key_end - 1);
-  if (last_end <= first) return blocks;
-  blocks.begin = first / block_m;
-  blocks.end = ceil_div(last_end, block_m);
-  // Rows every key is seen by: from the last key's first row to the first key's end.
-  Int full_begin = ceil_div(mask.first_query(key_end - 1), block_m);
-  Int full_end = mask.query_end(key_begin) / block_m;
-  full_begin = full_begin > blocks.begin ? full_begin : blocks.begin;
-  full_end = full_end < blocks.end ? full_end : blocks.end;
-  blocks.full_begin = full_begin;
-  blocks.full_end = full_end > full_begin ? full_end : full_begin;
-  return blocks;
+  return monotone_blocks([&](Int j) { return mask.first_query(j); },
+                         [&](Int j) { return mask.query_end(j); }, key_begin, key_end, block_m);
 }
 
 // The query block that the x-th of `blocks` launched CTAs computes, so that CTAs, which start
