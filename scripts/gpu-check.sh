@@ -8,7 +8,8 @@
 # PHASE=tests runs the build, the C++ suites and the sanitizers; PHASE=rest the build (a
 # no-op on a warm machine) and the groups REST names (check cli lines harness cpu python
 # peers, default all), so that calls of under 10 minutes each cover it all; the default
-# runs everything.
+# runs everything. In PHASE=tests, SUITES=0 skips the suites and SANITIZERS=0 the
+# compute-sanitizer runs, so one call can take the suites and the next the sanitizers.
 # Under the device tool ($OUT set) the logs also come back as $OUT/gpu-check-logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +44,7 @@ step configure cmake -S . -B $build -G Ninja -DCMAKE_PREFIX_PATH="$deps" \
 step build ninja -C $build ${BUILD_TARGETS:-} || exit 1  # BUILD_TARGETS: only these (e.g. "flashtile _flashtile")
 F=$build/tools/flashtile
 phase=${PHASE:-all}
-if [ "$phase" != rest ]; then
+if [ "$phase" != rest ] && [ "${SUITES:-1}" != 0 ]; then
   step cuda_tests $build/tests/flashtile_cuda_tests
   step cuda_mma_tests $build/tests/flashtile_cuda_mma_tests
   step cuda_sm90_tests $build/tests/flashtile_cuda_sm90_tests
@@ -57,6 +58,8 @@ if [ "$phase" != rest ]; then
   fi
   # The CPU suites run in CI; here only when asked (the H200 host's 16 cores).
   [ -n "${CPU_TESTS:-}" ] && OMP_WAIT_POLICY=passive step cpu_tests $build/tests/flashtile_cpu_tests
+fi
+if [ "$phase" != rest ] && [ "${SANITIZERS:-1}" != 0 ]; then
   # Sanitizers on the small grids (FLASHTILE_SMALL_GRID drops the 1023/1025 lengths): every
   # variant, varlen, every head dim, the narrow (unaligned) path, the non-finite rule and
   # the refusals; racecheck on the kernels that share memory between warps.
@@ -90,7 +93,7 @@ if want check; then
   # cuda_sm90 serves a third of the draws (head dims 64 and 128, no softcap or ALiBi,
   # 16-bit): its own, smaller run keeps the main one from drawing three times as many shapes.
   LIMIT=${CHECK_LIMIT:-300} step check $F check --shapes "${CHECK_SHAPES:-10000}" \
-    --backends cpu_reference,cpu_standard,cpu_flash,cuda_naive,cuda_tiled,cuda_mma
+    --backends cpu_reference,cpu_standard,cpu_flash,cuda_naive,cuda_tiled,cuda_tf32x3,cuda_mma
   [ "${CHECK_SM90_SHAPES:-2000}" != 0 ] && LIMIT=${CHECK_LIMIT:-300} step check_sm90 $F check \
     --shapes "${CHECK_SM90_SHAPES:-2000}" --backends cuda_sm90
 fi
