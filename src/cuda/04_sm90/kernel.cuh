@@ -573,10 +573,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     ptx::mbarrier_wait(smem.q_barrier(), 0);
   else
     ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
-  if (Consumer::needs_q_sign_flip(p)) {
-    __syncthreads();  // every thread's part of Q has landed
-    wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
-  }
+  // A cp.async thread has waited for its own part of Q only. The sign flip needs all of it,
+  // and so does the epilogue when no tile's __syncthreads comes first (n_tiles == 0): it
+  // stages O over Q's rows, which other warpgroups' copies could still be filling.
+  const bool flip_q = Consumer::needs_q_sign_flip(p);
+  if (flip_q || (!kTma && n_tiles == 0)) __syncthreads();
+  if (flip_q) wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     if constexpr (kTma) {
