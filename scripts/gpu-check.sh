@@ -90,12 +90,12 @@ fi
 # The rest, in groups (REST names which, in order; default all of them).
 want() { case " ${REST:-check cli lines harness cpu python peers} " in *" $1 "*) return 0;; esac; return 1; }
 if want check; then
-  # cuda_sm90 serves a third of the draws (head dims 64 and 128, no softcap or ALiBi,
-  # 16-bit): its own, smaller run keeps the main one from drawing three times as many shapes.
+  # cuda_sm90 serves a third of the draws (head dims 64, 128 and 256, 16-bit, dense or
+  # varlen): its own run keeps the main one from drawing three times as many shapes.
   LIMIT=${CHECK_LIMIT:-300} step check $F check --shapes "${CHECK_SHAPES:-10000}" \
     --backends cpu_reference,cpu_standard,cpu_flash,cuda_naive,cuda_tiled,cuda_tf32x3,cuda_mma
-  [ "${CHECK_SM90_SHAPES:-2000}" != 0 ] && LIMIT=${CHECK_LIMIT:-300} step check_sm90 $F check \
-    --shapes "${CHECK_SM90_SHAPES:-2000}" --backends cuda_sm90
+  [ "${CHECK_SM90_SHAPES:-10000}" != 0 ] && LIMIT=${CHECK_LIMIT:-300} step check_sm90 $F check \
+    --shapes "${CHECK_SM90_SHAPES:-10000}" --backends cuda_sm90
 fi
 if want cli; then
   step cli_hardening python3 tests/cli/test_hardening.py $F
