@@ -678,3 +678,26 @@ def test_cuda_graph_replay():
         graph.replay()
         torch.testing.assert_close(static_out, ft.attention(q, k, v, causal=True, window=(64, 0)),
                                    rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not _cuda_backend_available() or torch.cuda.device_count() < 2,
+                    reason="needs two CUDA devices")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_op_runs_on_the_tensors_device_and_keeps_the_current_one(dtype):
+    """Under torch.cuda.device(c), tensors on the other device: the op (forward and the
+    autograd backward) runs there, gives that device's results bit for bit, and leaves c
+    current."""
+    for current, tensors in ((0, 1), (1, 0)):
+        q, k, v = (x.requires_grad_() for x in case(1, 130, 130, 4, 2, 64, f"cuda:{tensors}", dtype))
+        with torch.cuda.device(tensors):  # the same call with the tensors' device current
+            expected = ft.attention(q, k, v, causal=True)
+            expected_grads = torch.autograd.grad(expected.float().sum(), (q, k, v))
+        with torch.cuda.device(current):
+            out = ft.attention(q, k, v, causal=True)
+            grads = torch.autograd.grad(out.float().sum(), (q, k, v))
+            assert torch.cuda.current_device() == current
+        assert out.device == q.device
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        for g, e in zip(grads, expected_grads):
+            assert g.device == q.device
+            torch.testing.assert_close(g, e, rtol=0, atol=0)
