@@ -685,8 +685,9 @@ def test_cuda_graph_replay():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_op_runs_on_the_tensors_device_and_keeps_the_current_one(dtype):
     """Under torch.cuda.device(c), tensors on the other device: the op (forward and the
-    autograd backward) runs there, gives that device's results bit for bit, and leaves c
-    current."""
+    autograd backward) runs there, gives that device's results (the forward bit for bit; the
+    gradients within dtype tolerance, as dQ's atomics may add in another order), and leaves
+    c current."""
     for current, tensors in ((0, 1), (1, 0)):
         q, k, v = (x.requires_grad_() for x in case(1, 130, 130, 4, 2, 64, f"cuda:{tensors}", dtype))
         with torch.cuda.device(tensors):  # the same call with the tensors' device current
@@ -700,4 +701,4 @@ def test_op_runs_on_the_tensors_device_and_keeps_the_current_one(dtype):
         torch.testing.assert_close(out, expected, rtol=0, atol=0)
         for g, e in zip(grads, expected_grads):
             assert g.device == q.device
-            torch.testing.assert_close(g, e, rtol=0, atol=0)
+            torch.testing.assert_close(g, e)
