@@ -6,11 +6,14 @@
 # Binaries built on the dev machine for sm_90a come in .devbin/bins.tar.xz (new/ and base/).
 # Usage (worktree root on the device, .device carried beside the checkout):
 #   OUT=dir bench/tf32x3_perf_run.sh
-# Each step has a time limit; logs go to $OUT/logs (and $OUT/logs.tgz), a summary to stdout.
+# Each step has a time limit; logs go to /tmp/tf32x3-perf/logs, packed into $OUT/logs.tgz
+# after every step (the device tool returns at most 8 files), a summary to stdout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-tf32x3-perf-logs}
-logs=$out/logs
+out=${OUT:-tf32x3-perf-out}
+mkdir -p "$out"
+work=/tmp/tf32x3-perf
+logs=$work/logs
 mkdir -p "$logs"
 deps=$(cd ../.. && pwd)/.device/deps
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -19,7 +22,7 @@ mkdir -p $bin && tar xJf .devbin/bins.tar.xz -C $bin
 NEW=$bin/new/flashtile BASE=$bin/base/flashtile
 t0=$SECONDS
 stamp() { echo "--- $1 at $((SECONDS - t0)) s"; }
-pack() { tar czf "$out/logs.tgz" -C "$out" logs; }
+pack() { tar czf "$out/logs.tgz" -C "$work" logs; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$logs/gpu.txt"
 
 stamp writeup
