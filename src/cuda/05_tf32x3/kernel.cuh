@@ -16,9 +16,11 @@
 // (backend.cu) keeps only big·big: plain TF32, an opt-in whose error (2.3e-4..3.3e-4) is
 // recorded in docs/JOURNEY.md.
 //
-// Measured (H200, docs/JOURNEY.md step 2b): 29.1-36.6 TFLOP/s of fp32 work on the field grid
-// (fp32, 16k tokens, d 64/128), 24-31% of the 119 TFLOP/s that 3 tf32 products per fp32 one
-// leave of the 356 TFLOP/s ceiling; the write-up's case 22.8 us with 16 key splits.
+// Measured (H200, docs/JOURNEY.md step 2b, second session): 33.6-42.2 TFLOP/s of fp32 work
+// on the field grid (fp32, 16k tokens, d 64/128), 28-35% of the 119 TFLOP/s that 3 tf32
+// products per fp32 one leave of the 356 TFLOP/s ceiling, 0.86-1.18x SDPA's memory-efficient
+// kernel in the same run; the write-up's case 27.9-29.6 us with 16 key splits, of which the
+// host's submission shows ~6 us and the combine kernel ~7 us.
 //
 // Layout: Q, K and V tiles are fp32 rows in shared memory (pitches in Tf32Config make every
 // fragment read conflict-free). Each tile is split once per CTA where it lands, into a big
