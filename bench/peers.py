@@ -124,6 +124,8 @@ def run_flashtile(args):
                    "--sweep-seqlens", ",".join(map(str, args.seqlens)),
                    "--sweep-causal", ",".join("1" if c else "0" for c in args.causal),
                    "--pass", args.pass_, "--output", out]
+            if args.cli_repeats:  # fewer timed calls where a device call is short of time
+                cmd += ["--repeats", str(args.cli_repeats), "--warmup", str(args.cli_warmup)]
             print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
             subprocess.run(cmd, check=True)
             with open(out) as f:
@@ -192,6 +194,10 @@ def main():
     p.add_argument("--pass", dest="pass_", choices=list(PASS_FLOPS), default="fwd",
                    help="fwd (default), bwd (the backward alone) or fwdbwd")
     p.add_argument("--tag", default="", help="suffix of the output files (peers<tag>.json/.csv)")
+    p.add_argument("--cli-repeats", type=int, default=0,
+                   help="timed calls per point for the CLI (default: the CLI's own, 20)")
+    p.add_argument("--cli-warmup", type=int, default=1,
+                   help="untimed calls per point for the CLI, with --cli-repeats")
     args = p.parse_args()
 
     os.makedirs(args.out, exist_ok=True)
@@ -210,6 +216,15 @@ def main():
         w = csv.DictWriter(f, fieldnames=list(table[0].keys()))
         w.writeheader()
         w.writerows(table)
+    if "f32" in args.dtype:
+        # fp32: every implementation's own row (the ratio table has no column for MATH).
+        with open(os.path.join(args.out, stem + "_rows.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["impl", "dtype", "head_dim", "causal", "seqlen",
+                                              "batch", "heads", "ms", "tflops", "max_abs_err"])
+            w.writeheader()
+            w.writerows(rows)
+        print(f"torch.backends.cuda.matmul.allow_tf32 = {torch.backends.cuda.matmul.allow_tf32}, "
+              f"float32 matmul precision {torch.get_float32_matmul_precision()!r}")
     print(text)
 
 

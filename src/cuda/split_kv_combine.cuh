@@ -5,6 +5,14 @@
 // NaN rule, no sink: those belong to the whole row). combine_partials (src/attn/split_kv.hpp)
 // turns a row's partial LSEs into weights and the row's LSE, exactly as cpu_flash does.
 // Any kernel family can use it: the partials are fp32 whatever the output dtype.
+//
+// On sm_90+ the combine can be a programmatic dependent launch: its CTAs are scheduled
+// while the forward still runs (as soon as every forward CTA has called
+// allow_dependent_launch() or exited) and wait in griddepcontrol.wait until the forward grid
+// has completed and its writes are visible, so the combine's launch latency and its index
+// set-up can hide behind the forward's tail. On the write-up's case (H200) that saved nothing
+// measurable, 22.4 vs 21.9 us for the pair: the combine's own per-row chain dominates there
+// (docs/JOURNEY.md, step 2b).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -53,6 +61,22 @@ struct SplitPartials {
   }
 };
 
+// A forward kernel whose partials a programmatically launched combine reads calls this
+// (any thread, any time: the combine still waits for the whole grid to finish). No-op below
+// sm_90 and when the next kernel is launched normally.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// Waits until the grids this one depends on have completed and their memory is visible
+// (a no-op for a normal launch, which starts only after them).
+__device__ __forceinline__ void wait_for_prerequisite_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // The most splits a combine reads per row (its weights live in registers).
 inline constexpr int kMaxSplits = 16;
 
@@ -78,6 +102,8 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
   if (row >= seq.seqlen_q) return;
   const Mask<int> mask = seq.mask(p);
   const int64_t tile = parts.tile(b, h, p.heads_q, query_block);
+  // Everything above reads only p; the partials exist once the forward grid is done.
+  wait_for_prerequisite_grids();
 
   float partial_lse[kMaxSplits], weight[kMaxSplits];
 #pragma unroll
@@ -97,16 +123,28 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
   if (p.lse != nullptr && lane == 0) p.lse[seq.lse_index(p, b, h, row)] = row_lse;
 }
 
-// Merges `parts` into p.o and p.lse on `stream`.
+// Merges `parts` into p.o and p.lse on `stream`. overlap_with_producer: launch it as a
+// programmatic dependent of the kernel just before it on `stream` (sm_90+ devices only; that
+// kernel should call allow_dependent_launch(), else the combine starts when it ends).
 template <class T>
 void launch_split_kv_combine(const AttentionParams& p, const SplitPartials& parts,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, bool overlap_with_producer = false) {
   constexpr int kRowsPerCta = 4;
   if (parts.block_m % kRowsPerCta != 0)
     throw Error(ErrorKind::runtime, "split-KV combine: block_m must be a multiple of 4");
-  const dim3 grid(static_cast<unsigned>(parts.query_blocks * (parts.block_m / kRowsPerCta)),
-                  static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
-  combine_split_kv_kernel<T, kRowsPerCta><<<grid, kRowsPerCta * 32, 0, stream>>>(p, parts);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(parts.query_blocks * (parts.block_m / kRowsPerCta)),
+                        static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+  config.blockDim = dim3(kRowsPerCta * 32);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute programmatic = {};
+  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  programmatic.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &programmatic;
+  config.numAttrs = overlap_with_producer ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&config, combine_split_kv_kernel<T, kRowsPerCta>, p, parts),
+             "cudaLaunchKernelEx(combine_split_kv_kernel)");
   check_launch("combine_split_kv_kernel");
 }
 

@@ -216,7 +216,10 @@ TEST(CudaTf32x3, SplitKvOnAndOffAreDeterministic) {
       EXPECT_GT(planned.workspace_bytes, 0);
     d.run(c, kTf32x3);
     EXPECT_TRUE(testing::matches_oracle(c));
-    ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, d, kTf32x3, 20));
+    // 20 repeats; 4 under compute-sanitizer (FLASHTILE_SMALL_GRID), where racecheck's 50-90 s
+    // limit cut the 80 runs of the four settings short (H200, both sessions).
+    const int repeats = small_grid() ? 4 : 20;
+    ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, d, kTf32x3, repeats));
   }
 }
 

@@ -1,7 +1,7 @@
 // cuda_tf32x3 as a backend: what it accepts (checked on the host, before anything runs), how
 // many key splits a call gets, its workspace, and the two launches (forward, then the
-// split-KV combine when the keys are split). The kernel and its journey note are in
-// kernel.cuh.
+// split-KV combine when the keys are split, as a programmatic dependent launch on sm_90+).
+// The kernel and its journey note are in kernel.cuh.
 //
 // Two environment knobs, read per call (plan() and forward() agree on them):
 //   FLASHTILE_TF32X3_SPLITS=N  pins the key splits to N (1 = never split; at most 16)
@@ -25,6 +25,37 @@ constexpr int kMinComputeCapability = 80;  // mma.sync tf32, cp.async
 constexpr int kMaxHeadDim = 128;
 // A split keeps at least this many key blocks of its tile's heaviest range.
 constexpr int kMinBlocksPerSplit = 1;
+
+// The device attributes a call needs, read once per device: a small call (the write-up's
+// runs in ~20 us) waits for every host step in front of its first launch.
+struct DeviceFacts {
+  int sms = 0, smem_per_sm = 0, smem_optin = 0, compute_capability = 0;
+};
+DeviceFacts read_device_facts(int device) {
+  DeviceFacts facts;
+  int major = 0, minor = 0;
+  check_cuda(cudaDeviceGetAttribute(&facts.sms, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute(MultiProcessorCount)");
+  check_cuda(cudaDeviceGetAttribute(&facts.smem_per_sm,
+                                    cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerMultiprocessor)");
+  check_cuda(cudaDeviceGetAttribute(&facts.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                    device),
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+             "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+             "cudaDeviceGetAttribute(ComputeCapabilityMinor)");
+  facts.compute_capability = major * 10 + minor;
+  return facts;
+}
+const DeviceFacts& device_facts(int device) {
+  static std::mutex mutex;
+  static auto* facts = new std::map<int, DeviceFacts>();  // lives as long as the process
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (auto found = facts->find(device); found != facts->end()) return found->second;
+  return facts->emplace(device, read_device_facts(device)).first->second;
+}
 
 std::string device_unsuitable(int device_index) {
   const ComputeCapability cc = compute_capability(device_index);
@@ -69,8 +100,7 @@ std::string tf32x3_unsupported(const AttentionParams& p) {
            std::to_string(p.seqlen_q) + ", seqlen_k " + std::to_string(p.seqlen_k);
   if (std::string why = grid_unsupported(p); !why.empty()) return why;
   if (std::string why = device_unsuitable(p.device_index); !why.empty()) return why;
-  int smem_optin = 0;
-  cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index);
+  const int smem_optin = device_facts(p.device_index).smem_optin;
   if (const int needed = geometry(p.head_dim).smem_bytes; needed > smem_optin)
     return "cuda_tf32x3 at head_dim " + std::to_string(p.head_dim) + " needs " +
            std::to_string(needed) + " bytes of shared memory per block; device " +
@@ -122,13 +152,9 @@ SplitPlan split_plan(const AttentionParams& p) {
     plan.splits = pinned;
     return plan;
   }
-  int sms = 0, smem_per_sm = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index),
-             "cudaDeviceGetAttribute(MultiProcessorCount)");
-  check_cuda(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
-                                    p.device_index),
-             "cudaDeviceGetAttribute(MaxSharedMemoryPerMultiprocessor)");
-  const int by_smem = smem_per_sm / plan.geo.smem_bytes;
+  const DeviceFacts& facts = device_facts(p.device_index);
+  const int sms = facts.sms;
+  const int by_smem = facts.smem_per_sm / plan.geo.smem_bytes;
   const int ctas_per_sm = by_smem < plan.geo.ctas_per_sm ? by_smem : plan.geo.ctas_per_sm;
   const int64_t key_blocks = (p.seqlen_k + plan.geo.block_n - 1) / plan.geo.block_n;
   plan.splits = choose_splits(plan.tiles, key_blocks, int64_t(sms) * (ctas_per_sm > 0 ? ctas_per_sm : 1),
@@ -188,7 +214,9 @@ void run_tf32x3(const AttentionParams& p) {
                                     plan.geo.head_dim, plan.query_blocks);
   try {
     launch_forward(p, args, precision, stream);
-    launch_split_kv_combine<float>(p, args.partials, stream);
+    // sm_90+: the combine's launch overlaps the forward's tail (the forward kernel allows it).
+    launch_split_kv_combine<float>(p, args.partials, stream,
+                                   device_facts(p.device_index).compute_capability >= 90);
   } catch (...) {
     cudaFreeAsync(workspace, stream);
     throw;

@@ -16,9 +16,11 @@
 // (backend.cu) keeps only big·big: plain TF32, an opt-in whose error (2.3e-4..3.3e-4) is
 // recorded in docs/JOURNEY.md.
 //
-// Measured (H200, docs/JOURNEY.md step 2b): 29.1-36.6 TFLOP/s of fp32 work on the field grid
-// (fp32, 16k tokens, d 64/128), 24-31% of the 119 TFLOP/s that 3 tf32 products per fp32 one
-// leave of the 356 TFLOP/s ceiling; the write-up's case 22.8 us with 16 key splits.
+// Measured (H200, docs/JOURNEY.md step 2b, second session): 33.6-42.2 TFLOP/s of fp32 work
+// on the field grid (fp32, 16k tokens, d 64/128), 28-35% of the 119 TFLOP/s that 3 tf32
+// products per fp32 one leave of the 356 TFLOP/s ceiling, 0.86-1.18x SDPA's memory-efficient
+// kernel in the same run; the write-up's case 27.9-29.6 us with 16 key splits, of which the
+// host's submission shows ~6 us and the combine kernel ~7 us.
 //
 // Layout: Q, K and V tiles are fp32 rows in shared memory (pitches in Tf32Config make every
 // fragment read conflict-free). Each tile is split once per CTA where it lands, into a big
@@ -37,6 +39,7 @@
 // the workspace; split_kv_combine.cuh merges them.
 #pragma once
 
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -121,17 +124,39 @@ inline bool rows_aligned_16(const AttentionParams& p) {
 // Rows [0, kRows) of a strided fp32 tensor (row 0 at src) into a shared tile of pitch
 // kPitch; rows >= valid_rows and columns >= head_dim are zero, so padding never brings
 // garbage (0·NaN) into the products. kAligned: 16-byte cp.async, else synchronous loads.
+//
+// 16-byte chunks: thread i takes chunk i % kChunks of rows i / kChunks + r · kPassRows, a
+// fixed number of passes known at compile time, so the loop unrolls into one pointer bump
+// per pass (a loop over i up to the tile's chunks did not: its unknown trip count cost ~300
+// integer instructions per K/V tile in the main loop, SASS of commit f934e2d).
+template <class Cfg>
+struct ChunkPasses {
+  static constexpr int kChunks = Cfg::kChunks;                // 16-byte chunks per row
+  static constexpr int kPassRows = Cfg::kThreads / kChunks;   // rows per pass of the CTA
+  static_assert(Cfg::kThreads % kChunks == 0, "a pass of the CTA covers whole rows");
+  template <int kRows>
+  static constexpr int passes() {
+    static_assert(kRows % kPassRows == 0, "the passes cover the tile's rows exactly");
+    return kRows / kPassRows;
+  }
+};
+
 template <class Cfg, int kRows, int kPitch, bool kAligned>
 __device__ __forceinline__ void load_tile(float* tile, const float* src, int64_t row_stride,
                                           int valid_rows, int head_dim) {
   if constexpr (kAligned) {
-    const uint32_t base = ptx::smem_addr(tile);
-    const int valid_chunks = head_dim / 4;
-    for (int i = threadIdx.x; i < kRows * Cfg::kChunks; i += Cfg::kThreads) {
-      const int row = i / Cfg::kChunks, chunk = i % Cfg::kChunks;
-      const bool ok = row < valid_rows && chunk < valid_chunks;
-      const float* from = ok ? src + row * row_stride + chunk * 4 : src;
-      ptx::cp_async_16(base + (row * kPitch + chunk * 4) * 4, from, ok);
+    using Passes = ChunkPasses<Cfg>;
+    constexpr int kPassRows = Passes::kPassRows;
+    const int row0 = threadIdx.x / Passes::kChunks, col = (threadIdx.x % Passes::kChunks) * 4;
+    const bool col_ok = col < head_dim;  // head_dim is whole chunks on this path
+    const uint32_t to = ptx::smem_addr(tile + row0 * kPitch + col);
+    const float* from = src + row0 * row_stride + col;
+    const int64_t pass_stride = kPassRows * row_stride;
+#pragma unroll
+    for (int pass = 0; pass < Passes::template passes<kRows>(); ++pass) {
+      const bool ok = col_ok && row0 + pass * kPassRows < valid_rows;
+      ptx::cp_async_16(to + pass * kPassRows * kPitch * 4, ok ? from : src, ok);
+      from += pass_stride;
     }
   } else {
     for (int i = threadIdx.x; i < kRows * Cfg::kHeadDim; i += Cfg::kThreads) {
@@ -142,30 +167,50 @@ __device__ __forceinline__ void load_tile(float* tile, const float* src, int64_t
   }
 }
 
+// The 3xTF32 split of four values (a 16-byte chunk of a tile, or a P fragment): the
+// finite-only rounding when all four are finite (every group but those that meet an Inf or
+// a NaN; the same bits either way), behind one test.
+__device__ __forceinline__ void split4(const float (&x)[4], uint32_t (&big)[4],
+                                       uint32_t (&small)[4]) {
+  if (ptx::all_finite(x[0], x[1], x[2], x[3])) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const ptx::Tf32Split parts = ptx::split_tf32_finite(x[e]);
+      big[e] = parts.big, small[e] = parts.small;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const ptx::Tf32Split parts = ptx::split_tf32(x[e]);
+      big[e] = parts.big, small[e] = parts.small;
+    }
+  }
+}
+
 // Splits the raw fp32 rows of a shared tile (loaded into `big`, pitch kPitch) in place: big
 // keeps tf32(x), small takes tf32(x - big) (3xTF32 only). Each 16-byte chunk is one
-// thread's, so no thread reads what another writes; the caller synchronises around it.
+// thread's (on the aligned path the very chunks load_tile gave it), so no thread reads what
+// another writes; the caller synchronises around it.
 template <class Cfg, int kRows, int kPitch, bool kSplit3>
 __device__ __forceinline__ void split_tile(float* big, float* small) {
-  for (int i = threadIdx.x; i < kRows * Cfg::kChunks; i += Cfg::kThreads) {
-    const int at = (i / Cfg::kChunks) * kPitch + (i % Cfg::kChunks) * 4;
-    float4 x = *reinterpret_cast<const float4*>(big + at);
-    float* lanes[4] = {&x.x, &x.y, &x.z, &x.w};
+  using Passes = ChunkPasses<Cfg>;
+  const int at0 = (threadIdx.x / Passes::kChunks) * kPitch + (threadIdx.x % Passes::kChunks) * 4;
+#pragma unroll
+  for (int pass = 0; pass < Passes::template passes<kRows>(); ++pass) {
+    const int at = at0 + pass * Passes::kPassRows * kPitch;
+    const float4 x4 = *reinterpret_cast<const float4*>(big + at);
+    const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+    uint4 big4, small4;
     if constexpr (kSplit3) {
-      float4 rest;
-      float* rest_lanes[4] = {&rest.x, &rest.y, &rest.z, &rest.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const ptx::Tf32Split parts = ptx::split_tf32(*lanes[e]);
-        *lanes[e] = __uint_as_float(parts.big);
-        *rest_lanes[e] = __uint_as_float(parts.small);
-      }
-      *reinterpret_cast<float4*>(small + at) = rest;
+      uint32_t b[4], s[4];
+      split4(x, b, s);
+      big4 = make_uint4(b[0], b[1], b[2], b[3]), small4 = make_uint4(s[0], s[1], s[2], s[3]);
+      *reinterpret_cast<uint4*>(small + at) = small4;
     } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) *lanes[e] = __uint_as_float(ptx::to_tf32(*lanes[e]));
+      big4 = make_uint4(ptx::to_tf32(x[0]), ptx::to_tf32(x[1]), ptx::to_tf32(x[2]),
+                        ptx::to_tf32(x[3]));
     }
-    *reinterpret_cast<float4*>(big + at) = x;
+    *reinterpret_cast<uint4*>(big + at) = big4;
   }
 }
 
@@ -189,6 +234,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   float* q_big = smem;                        // (kBlockM, kQkPitch)
   float* q_small = smem + Cfg::kQPlaneFloats;  // (kBlockM, kQkPitch)
   float* kv_ring = smem + 2 * Cfg::kQPlaneFloats;
+
+  // The split-KV combine (a programmatic dependent launch on sm_90) may be scheduled once
+  // every CTA of this grid has started; it still waits for the whole grid to finish.
+  allow_dependent_launch();
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
@@ -371,12 +420,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
       for (int kk = 0; kk < kPvSteps; ++kk) {
         const float pv[4] = {s[mt][kk][0], s[mt][kk][2], s[mt][kk][1], s[mt][kk][3]};
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const ptx::Tf32Split x = ptx::split_tf32(pv[r]);
-          pa_big[mt][kk][r] = x.big;
-          pa_small[mt][kk][r] = x.small;
-        }
+        split4(pv, pa_big[mt][kk], pa_small[mt][kk]);
       }
     // Each d-tile's products of this tile are summed on the tensor cores (big·big and the
     // corrections apart, as for S) and added to O in fp32 round-to-nearest: accumulated on
@@ -456,13 +500,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     }
 }
 
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` on `device` once (bit `device`
+// of `raised` remembers it; devices 64 and above are raised on every call): the driver call
+// is host time in front of every launch, which a small call like the write-up's waits for.
+template <class Kernel>
+void raise_smem_limit_once(Kernel* kernel, int bytes, int device, std::atomic<uint64_t>& raised) {
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit != 0 && (raised.load(std::memory_order_acquire) & bit) != 0) return;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             "cudaFuncSetAttribute(tf32x3_forward_kernel)");
+  raised.fetch_or(bit, std::memory_order_acq_rel);
+}
+
 template <class Cfg, class Logits, bool kAligned, Precision kPrecision>
 void launch_tf32x3_forward(const AttentionParams& p, const SplitArgs& split_args,
                            cudaStream_t stream) {
   auto* kernel = &tf32x3_forward_kernel<Cfg, Logits, kAligned, kPrecision>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  Cfg::kSmemBytes),
-             "cudaFuncSetAttribute(tf32x3_forward_kernel)");
+  static std::atomic<uint64_t> smem_raised{0};  // one per kernel
+  raise_smem_limit_once(kernel, Cfg::kSmemBytes, p.device_index, smem_raised);
   const int query_blocks = static_cast<int>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
   const dim3 grid(static_cast<unsigned>(query_blocks * split_args.splits),
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));

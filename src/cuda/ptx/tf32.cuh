@@ -34,6 +34,25 @@ __device__ __forceinline__ Tf32Split split_tf32(float x) {
   return {big, to_tf32(x - __uint_as_float(big))};
 }
 
+// The same split for a finite x, in integer adds instead of cvt (which sm_90 executes as the
+// same add and mask plus a select for Inf/NaN, and split_tf32 adds its Inf test): tf32(x) is
+// x's magnitude plus half a tf32 ulp with the 13 low bits dropped, Inf when that passes the
+// largest tf32, as cvt.rna gives; x - big is then exact, or -Inf (kept by the second
+// rounding) when big overflowed. Bit for bit split_tf32's result on finite values.
+__device__ __forceinline__ uint32_t to_tf32_finite(float x) {
+  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+}
+__device__ __forceinline__ Tf32Split split_tf32_finite(float x) {
+  const uint32_t big = to_tf32_finite(x);
+  return {big, to_tf32_finite(x - __uint_as_float(big))};
+}
+// Whether every value is finite (a NaN compares false): one test for a group of splits
+// (`&`, not `&&`: no branch per value).
+template <class... Floats>
+__device__ __forceinline__ bool all_finite(Floats... x) {
+  return ((fabsf(x) < __int_as_float(0x7f800000)) & ...);
+}
+
 // D = A·B + D for one 16x8x8 tile, operands tf32 bit patterns (see the layouts above).
 __device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4],
                                                  uint32_t b0, uint32_t b1) {
