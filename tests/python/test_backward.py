@@ -580,3 +580,52 @@ def test_cuda_variants_and_varlen_take_the_kernels():
         vgrads[device] = [x.grad.cpu().double() for x in leaves]
     for g, w in zip(vgrads["cuda"], vgrads["cpu"]):
         assert rel(g.numpy(), w.numpy()) <= 3e-2
+
+
+@needs_cuda_mma
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_autograd_through_lse_uses_cuda_mma_within_flash_attentions_rule(dtype):
+    """A loss of out and lse at head_dim 128 (GQA, causal, sinks): the gradients are cuda_mma's
+    (dk, dv, dsinks bitwise as a direct call with dlse; dq through atomics, within 1e-3), and
+    meet FlashAttention's rule against float64 math attention, whose 16-bit run in the same
+    dtype on the GPU is the baseline (dsinks: normwise 3e-2 of the float64 one)."""
+    dt = getattr(torch, dtype)
+    q, k, v = (x.to("cuda", dt) for x in torch_case(2, 130, 200, 4, 2, 128, seed=3))
+    sinks = torch.tensor([0.3, -0.5, 0.1, 0.8], device="cuda")
+    dout = (torch.rand(q.shape, dtype=torch.float64) * 2 - 1).to("cuda", dt)
+    dlse = (torch.rand((2, 4, 130), dtype=torch.float64) * 2 - 1).to("cuda", torch.float32)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    s = sinks.clone().requires_grad_()
+    out, lse = ft.attention(*leaves, causal=True, sinks=s, return_lse=True)
+    ((out * dout).float().sum() + (lse * dlse).sum()).backward()
+    got = [x.grad for x in leaves]
+    o, l = flashtile.attention(q, k, v, causal=True, sinks=sinks, return_lse=True)
+    direct = flashtile.attention_backward(dout, q, k, v, o, l, causal=True, sinks=sinks,
+                                          dlse=dlse, backend="cuda_mma")
+    assert max_err(got[0], direct[0]) <= 1e-3
+    for a, b in zip(got[1:] + [s.grad], direct[1:]):
+        assert torch.equal(a, b)
+
+    def math_grads(prec):
+        """d(Σ out∘dout + Σ lse∘dlse) of attention written out in `prec` (bottom-right causal,
+        the sink a score column with no value)."""
+        xs = [x.detach().to(prec).transpose(1, 2).clone().requires_grad_() for x in (q, k, v)]
+        sk = xs[1].repeat_interleave(2, dim=1)
+        sv = xs[2].repeat_interleave(2, dim=1)
+        scores = xs[0] @ sk.transpose(-1, -2) * 128 ** -0.5
+        i = torch.arange(130, device="cuda")[:, None]
+        j = torch.arange(200, device="cuda")[None, :]
+        scores = scores.masked_fill(j > i + 200 - 130, float("-inf"))
+        sink = sinks.to(prec).reshape(1, 4, 1, 1).expand(2, 4, 130, 1).clone().requires_grad_()
+        full = torch.cat([scores, sink], dim=-1)
+        lse_ = torch.logsumexp(full, dim=-1)
+        p = torch.exp(full - lse_[..., None])[..., :-1]
+        o_ = p @ sv
+        ((o_ * dout.transpose(1, 2).to(prec)).sum() + (lse_ * dlse.to(prec)).sum()).backward()
+        return [xs[0].grad.transpose(1, 2), xs[1].grad.transpose(1, 2),
+                xs[2].grad.transpose(1, 2), sink.grad.sum((0, 2, 3))]
+
+    want, ref16 = math_grads(torch.float64), math_grads(dt)
+    for g, w, r in zip(got, want[:3], ref16[:3]):
+        assert max_err(g, w) <= 2 * max_err(r, w) + 1e-4
+    assert rel(s.grad.cpu().double().numpy(), want[3].cpu().numpy()) <= 3e-2
