@@ -353,6 +353,25 @@ def test_autograd_of_the_lse_alone_and_of_a_varlen_batch():
 
 
 @needs_torch
+def test_merging_two_key_halves_through_their_lse_trains_like_full_attention():
+    """Ring / context-parallel attention's merge: attention over each half of the keys, then
+    out = Σ_h exp(lse_h - lse)·out_h with lse = logsumexp_h(lse_h). Its gradients (the kernels,
+    through both halves' out and lse) equal full attention's."""
+    q, k, v = torch_case(2, 23, 40, 4, 2, 16, seed=6)
+    dout = torch.rand(q.shape, dtype=torch.float64).float() * 2 - 1
+    full = [x.clone().requires_grad_() for x in (q, k, v)]
+    (ft.attention(*full, softcap=3.0) * dout).sum().backward()
+    split = [x.clone().requires_grad_() for x in (q, k, v)]
+    halves = [ft.attention(split[0], split[1][:, s], split[2][:, s], softcap=3.0,
+                           return_lse=True) for s in (slice(0, 17), slice(17, 40))]
+    lse = torch.logsumexp(torch.stack([l for _, l in halves]), dim=0)       # (B, H, Sq)
+    merged = sum(o * torch.exp(l - lse).transpose(1, 2)[..., None] for o, l in halves)
+    (merged * dout).sum().backward()
+    for a, b in zip(split, full):
+        assert rel(a.grad.numpy(), b.grad.numpy()) <= 1e-5
+
+
+@needs_torch
 def test_learnable_slopes_take_the_reference_with_an_lse_gradient_too():
     q, k, v = torch_case(1, 12, 12, 2, 2, 8)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
