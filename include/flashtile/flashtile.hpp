@@ -126,6 +126,11 @@ struct Options {
   // Optional gradient of the sink logits: fp32, contiguous (heads_q), on the device of q;
   // only with `sinks`. backward() overwrites it (it is a sum over every query row).
   float* dsinks = nullptr;
+  // Optional gradient of the loss with respect to the LSE forward returned (when the loss
+  // uses the LSE: merging partial attention results, z-losses): fp32, contiguous, the LSE's
+  // shape ([batch, heads_q, seqlen_q], [heads_q, total_q] varlen), on the device of q;
+  // read only. Null: no gradient flows into the LSE.
+  const float* dlse = nullptr;
 };
 
 // A packed variable-length batch, as flash_attn_varlen_func takes it. q, k, v and out are
@@ -189,8 +194,9 @@ Plan plan_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
 // are what forward() returned for these inputs and options (lse: fp32, contiguous
 // [batch, heads_q, seqlen_q], [heads_q, total_q] varlen); P is recomputed from them, so no
 // N×N matrix is stored. GQA/MQA: dk and dv sum over the query heads of each kv head.
-// options.lse must be null (lse is an argument here). Everything is validated on the host
-// first; on error no gradient is written. The formulas are in docs/BACKWARD.md.
+// options.lse must be null (lse is an argument here); options.dlse, when given, is the
+// LSE's own gradient, added to the gradients through out. Everything is validated on the
+// host first; on error no gradient is written. The formulas are in docs/BACKWARD.md.
 void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
               const TensorView& dout, const float* lse, const TensorView& dq, const TensorView& dk,
               const TensorView& dv, const Options& options = {});

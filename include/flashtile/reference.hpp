@@ -101,12 +101,14 @@ struct ReferenceGradients {
   std::vector<double> dsinks_out_sensitivity;
 };
 
-// The gradient of sum(out ∘ dout) with respect to q, k, v (and the sinks), out being
-// reference_attention(q, k, v, options). `exact` differentiates in double, recomputing
-// P and D = rowsum(dout∘out) itself (nothing of a forward run is used). `lowprec` is the
-// 16-bit baseline of FlashAttention's rule: what a reference in the input dtype computes,
-// fp32 arithmetic with S, P, out, dP, D and dS each rounded to the input dtype and the
-// gradients rounded at the end (dsinks stay fp32). q, k, v, dout must be on the CPU;
+// The gradient of sum(out ∘ dout) + sum(lse ∘ options.dlse) (the second term only when
+// options.dlse is given: fp32 on the CPU, the LSE's shape) with respect to q, k, v (and
+// the sinks), out and lse being reference_attention(q, k, v, options). `exact`
+// differentiates in double, recomputing P and D = rowsum(dout∘out) itself (nothing of a
+// forward run is used). `lowprec` is the 16-bit baseline of FlashAttention's rule: what a
+// reference in the input dtype computes, fp32 arithmetic with S, P, out, dP, D and dS each
+// rounded to the input dtype (D - dlse in fp32) and the gradients rounded at the end
+// (dsinks stay fp32). q, k, v, dout must be on the CPU;
 // dout has q's shape and dtype.
 ReferenceGradients reference_attention_backward(
     const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,

@@ -386,10 +386,14 @@ def plan_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | None = 
     return _plan(call, backend, options)
 
 
-def _run_backward(call: _Call, lse, sinks, backend: str, options: dict):
+def _run_backward(call: _Call, lse, sinks, backend: str, options: dict, dlse=None):
     """Allocates dq, dk, dv (and dsinks) in the framework of q, runs the backward pass."""
     _framework(lse, "lse", call.api)
     lse_ = call._prepare("lse", lse, tensor=False)
+    dlse_ = None
+    if dlse is not None:
+        _framework(dlse, "dlse", call.api)
+        dlse_ = call._prepare("dlse", dlse, tensor=False)
     a = call.arrays
     grads = [call.empty(tuple(a[name].shape), call.dtype) for name in ("q", "k", "v")]
     dsinks = dsinks_ = None
@@ -397,7 +401,7 @@ def _run_backward(call: _Call, lse, sinks, backend: str, options: dict):
         dsinks, dsinks_ = call.empty((a["q"].shape[-2],), "float32")
     _flashtile.backward(a["q"], a["k"], a["v"], a["out"], a["dout"], lse_,
                         *(written for _, written in grads), dsinks_,
-                        call.args(backend, **options))
+                        call.args(backend, **options), dlse=dlse_)
     if call.framework == "dlpack" and call.device()[0] == "cuda":
         _flashtile.cuda_synchronize(call.device()[1])
     result = tuple(call.finish(returned) for returned, _ in grads)
@@ -407,13 +411,13 @@ def _run_backward(call: _Call, lse, sinks, backend: str, options: dict):
 def attention_backward(dout, q, k, v, out, lse, *, causal: bool = False,
                        scale: float | None = None, window=(-1, -1), softcap: float = 0.0,
                        alibi_slopes=None, sinks=None, deterministic: bool = False,
-                       backend: str = "auto"):
+                       backend: str = "auto", dlse=None):
     api = "flashtile.attention_backward"
     options = _variant_options(api, causal, scale, window, softcap)
     options["deterministic"] = _flag(deterministic, "deterministic", api)
     call = _Call(api, {**_tensors(q, k, v, out), "dout": dout},
                  _extras(alibi_slopes=alibi_slopes, sinks=sinks))
-    return _run_backward(call, lse, sinks, backend, options)
+    return _run_backward(call, lse, sinks, backend, options, dlse)
 
 
 attention_backward.__doc__ = """The gradients of flashtile.attention, in O(N·d) memory.
@@ -422,6 +426,9 @@ attention_backward.__doc__ = """The gradients of flashtile.attention, in O(N·d)
     and the variant arguments as given to flashtile.attention; out and lse as it returned
     them (attention(..., return_lse=True)): P is recomputed from lse, never stored.
 """ + _VARIANT_DOC + """    deterministic: bitwise-equal gradients run to run (the CPU backends always are).
+    dlse: optional gradient of the loss with respect to lse (float32, lse's shape, C-contiguous,
+        on q's device), for losses that use the LSE too (merging partial attention results):
+        it adds dlse_i·P_ij to each score's gradient. None: no gradient into the LSE.
 
     Returns (dq, dk, dv), shaped and typed like q, k, v (GQA: dk, dv summed over each kv
     head's query heads), or (dq, dk, dv, dsinks) when sinks are given, dsinks float32
@@ -437,10 +444,11 @@ def attention_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
                               *, seqused_k=None, causal: bool = False,
                               scale: float | None = None, window=(-1, -1), softcap: float = 0.0,
                               alibi_slopes=None, sinks=None, deterministic: bool = False,
-                              backend: str = "auto"):
+                              backend: str = "auto", dlse=None):
     """The gradients of flashtile.attention_varlen (packed tensors; lse (heads_q, total_q)).
 
-    Arguments as attention_varlen plus dout, out and lse; returns as attention_backward.
+    Arguments as attention_varlen plus dout, out, lse and dlse (as attention_backward's:
+    lse's shape); returns as attention_backward.
     Key rows outside every sequence's used keys get dk = dv = 0.
     """
     api = "flashtile.attention_backward_varlen"
@@ -452,7 +460,7 @@ def attention_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
                  _extras(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          seqused_k=seqused_k, alibi_slopes=alibi_slopes, sinks=sinks),
                  packed=True)
-    return _run_backward(call, lse, sinks, backend, options)
+    return _run_backward(call, lse, sinks, backend, options, dlse)
 
 
 class BackendInfo(NamedTuple):

@@ -16,8 +16,8 @@ the call when it runs, and its errors surface as JAX runtime errors carrying its
   runs is decided while tracing, per platform ("which backward runs" below): the kernels
   where the library serves the call, else the interim reference _reference_backward (plain
   jnp, O(seqlen_q * seqlen_k) memory per head), with a warning on the "flashtile.jax" logger.
-  A gradient into the returned lse goes through the kernels one head dim wider
-  (_with_lse_cotangent); the reference gives differentiated ALiBi slopes their gradient.
+  A gradient into the returned lse goes to the backward call as its dlse operand
+  (Options::dlse); the reference gives differentiated ALiBi slopes their gradient.
 """
 
 from __future__ import annotations
@@ -126,7 +126,8 @@ def _check_small(api: str, dtype, **arrays) -> None:
 
 # --- the custom call ---------------------------------------------------------------------------
 
-def _ffi_attrs(opts: _Options, has_alibi: bool, has_sinks: bool, has_seqused_k: bool) -> dict:
+def _ffi_attrs(opts: _Options, has_alibi: bool, has_sinks: bool, has_seqused_k: bool,
+               has_dlse: bool = False) -> dict:
     """The attributes python/src/jax_ffi.cpp decodes (CallAttrs), with their exact types."""
     return dict(causal=np.bool_(opts.causal), has_scale=np.bool_(opts.scale is not None),
                 scale=np.float32(0.0 if opts.scale is None else opts.scale),
@@ -135,7 +136,8 @@ def _ffi_attrs(opts: _Options, has_alibi: bool, has_sinks: bool, has_seqused_k: 
                 has_sinks=np.bool_(has_sinks), has_seqused_k=np.bool_(has_seqused_k),
                 max_seqlen_q=np.int64(-1 if opts.max_seqlen_q is None else opts.max_seqlen_q),
                 max_seqlen_k=np.int64(-1 if opts.max_seqlen_k is None else opts.max_seqlen_k),
-                backend=opts.backend, deterministic=np.bool_(opts.deterministic))
+                backend=opts.backend, deterministic=np.bool_(opts.deterministic),
+                has_dlse=np.bool_(has_dlse))
 
 
 def _call_dense(opts: _Options, with_lse: bool, q, k, v, alibi_slopes, sinks):
@@ -159,12 +161,15 @@ def _gradient_results(q, k, v, sinks) -> list:
     return results
 
 
-def _call_dense_backward(opts: _Options, q, k, v, out, dout, lse, alibi_slopes, sinks):
-    """(dq, dk, dv), or (dq, dk, dv, dsinks): flashtile::backward as one custom call."""
+def _call_dense_backward(opts: _Options, q, k, v, out, dout, lse, dlse, alibi_slopes, sinks):
+    """(dq, dk, dv), or (dq, dk, dv, dsinks): flashtile::backward as one custom call; dlse
+    (the lse's cotangent, fp32 like lse) or None."""
+    saved = [x for x in (lse, dlse) if x is not None]
     extras = [x for x in (alibi_slopes, sinks) if x is not None]
     call = jax.ffi.ffi_call("flashtile_attention_backward", _gradient_results(q, k, v, sinks))
-    return tuple(call(q, k, v, out, dout, lse, *extras,
-                      **_ffi_attrs(opts, alibi_slopes is not None, sinks is not None, False)))
+    return tuple(call(q, k, v, out, dout, *saved, *extras,
+                      **_ffi_attrs(opts, alibi_slopes is not None, sinks is not None, False,
+                                   dlse is not None)))
 
 
 def _fold(x, axis_size: int, batched: bool):
@@ -237,10 +242,16 @@ def _dense_kernel(opts: _Options, with_lse: bool, has_alibi: bool, has_sinks: bo
 
 
 @functools.lru_cache(maxsize=None)
-def _dense_backward_kernel(opts: _Options, has_alibi: bool, has_sinks: bool):
-    """The backward custom call as a function of (q, k, v, out, dout, lse, [slopes], [sinks])."""
-    return _dense_custom_vmap(functools.partial(_call_dense_backward, opts), 6, has_alibi,
-                              has_sinks, map_with_sinks=True)
+def _dense_backward_kernel(opts: _Options, has_alibi: bool, has_sinks: bool, has_dlse: bool):
+    """The backward custom call as a function of (q, k, v, out, dout, lse, [dlse], [slopes],
+    [sinks]); dlse (batch, heads_q, seqlen_q) leads with the batch as the tensors do."""
+    if has_dlse:
+        call = functools.partial(_call_dense_backward, opts)
+    else:
+        def call(q, k, v, out, dout, lse, alibi_slopes, sinks):
+            return _call_dense_backward(opts, q, k, v, out, dout, lse, None, alibi_slopes, sinks)
+    return _dense_custom_vmap(call, 7 if has_dlse else 6, has_alibi, has_sinks,
+                              map_with_sinks=True)
 
 
 def _forward_dense(opts: _Options, with_lse: bool, q, k, v, alibi_slopes, sinks):
@@ -248,10 +259,12 @@ def _forward_dense(opts: _Options, with_lse: bool, q, k, v, alibi_slopes, sinks)
     return kernel(q, k, v, *[x for x in (alibi_slopes, sinks) if x is not None])
 
 
-def _kernel_backward(opts: _Options, q, k, v, alibi_slopes, sinks, out, lse, dout):
+def _kernel_backward(opts: _Options, q, k, v, alibi_slopes, sinks, out, lse, dout, dlse=None):
     """flashtile::backward's (dq, dk, dv), and dsinks when sinks are given."""
-    kernel = _dense_backward_kernel(opts, alibi_slopes is not None, sinks is not None)
-    return kernel(q, k, v, out, dout, lse, *[x for x in (alibi_slopes, sinks) if x is not None])
+    kernel = _dense_backward_kernel(opts, alibi_slopes is not None, sinks is not None,
+                                    dlse is not None)
+    return kernel(q, k, v, out, dout, lse,
+                  *[x for x in (dlse, alibi_slopes, sinks) if x is not None])
 
 
 def _call_varlen(opts: _Options, with_lse: bool, q, k, v, cu_seqlens_q, cu_seqlens_k,
@@ -269,15 +282,17 @@ def _call_varlen(opts: _Options, with_lse: bool, q, k, v, cu_seqlens_q, cu_seqle
     return tuple(outs) if with_lse else outs[0]
 
 
-def _call_varlen_backward(opts: _Options, q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k,
-                          seqused_k, alibi_slopes, sinks):
-    """(dq, dk, dv[, dsinks]) of a packed batch: flashtile::backward_varlen as one call."""
+def _call_varlen_backward(opts: _Options, q, k, v, out, dout, lse, dlse, cu_seqlens_q,
+                          cu_seqlens_k, seqused_k, alibi_slopes, sinks):
+    """(dq, dk, dv[, dsinks]) of a packed batch: flashtile::backward_varlen as one call;
+    dlse (heads_q, total_q) or None."""
+    saved = [x for x in (lse, dlse) if x is not None]
     extras = [x for x in (seqused_k, alibi_slopes, sinks) if x is not None]
     call = jax.ffi.ffi_call("flashtile_attention_varlen_backward",
                             _gradient_results(q, k, v, sinks))
-    return tuple(call(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, *extras,
+    return tuple(call(q, k, v, out, dout, *saved, cu_seqlens_q, cu_seqlens_k, *extras,
                       **_ffi_attrs(opts, alibi_slopes is not None, sinks is not None,
-                                   seqused_k is not None)))
+                                   seqused_k is not None, dlse is not None)))
 
 
 def _varlen_custom_vmap(call, fixed: int, given: tuple):
@@ -308,9 +323,15 @@ def _varlen_kernel(opts: _Options, with_lse: bool, given: tuple):
 
 
 @functools.lru_cache(maxsize=None)
-def _varlen_backward_kernel(opts: _Options, given: tuple):
-    """The varlen backward custom call, as _varlen_kernel."""
-    return _varlen_custom_vmap(functools.partial(_call_varlen_backward, opts), 8, given)
+def _varlen_backward_kernel(opts: _Options, given: tuple, has_dlse: bool):
+    """The varlen backward custom call, as _varlen_kernel: (q, k, v, out, dout, lse, [dlse],
+    cu_seqlens_q, cu_seqlens_k, ...)."""
+    if has_dlse:
+        call = functools.partial(_call_varlen_backward, opts)
+    else:
+        def call(q, k, v, out, dout, lse, *rest):
+            return _call_varlen_backward(opts, q, k, v, out, dout, lse, None, *rest)
+    return _varlen_custom_vmap(call, 9 if has_dlse else 8, given)
 
 
 def _forward_varlen(opts: _Options, with_lse: bool, q, k, v, cu_seqlens_q, cu_seqlens_k,
@@ -321,12 +342,13 @@ def _forward_varlen(opts: _Options, with_lse: bool, q, k, v, cu_seqlens_q, cu_se
 
 
 def _kernel_backward_varlen(opts: _Options, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                            alibi_slopes, sinks, out, lse, dout):
+                            alibi_slopes, sinks, out, lse, dout, dlse=None):
     """flashtile::backward_varlen's (dq, dk, dv), and dsinks when sinks are given."""
     optional = (seqused_k, alibi_slopes, sinks)
-    kernel = _varlen_backward_kernel(opts, tuple(x is not None for x in optional))
-    return kernel(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k,
-                  *[x for x in optional if x is not None])
+    kernel = _varlen_backward_kernel(opts, tuple(x is not None for x in optional),
+                                     dlse is not None)
+    return kernel(q, k, v, out, dout, lse, *([] if dlse is None else [dlse]), cu_seqlens_q,
+                  cu_seqlens_k, *[x for x in optional if x is not None])
 
 
 # --- the reference backward --------------------------------------------------------------------
@@ -549,17 +571,14 @@ def _backward_backend(platform: str, opts: _Options, dtype: str, q_shape: tuple,
     return None
 
 
-def _choose_backward(opts: _Options, q, k, alibi_slopes, sinks, kernels, reference, why: str,
-                     widened: bool):
-    """kernels(backend) or reference(), both () -> the same gradients, as decided above.
-    widened: the kernels run one head dim wider (_with_lse_cotangent)."""
+def _choose_backward(opts: _Options, q, k, alibi_slopes, sinks, kernels, reference, why: str):
+    """kernels(backend) or reference(), both () -> the same gradients, as decided above."""
     if why:
         _log_reference(why)
         return reference()
 
     def shape(x):  # a packed tensor: batch 1
-        dims = x.shape if x.ndim == 4 else (1,) + x.shape
-        return dims[:-1] + (dims[-1] + 1,) if widened else dims
+        return x.shape if x.ndim == 4 else (1,) + x.shape
 
     alibi_shape = () if alibi_slopes is None else (
         alibi_slopes.shape if q.ndim == 4 or alibi_slopes.ndim == 1 else (1, q.shape[1]))
@@ -573,28 +592,10 @@ def _choose_backward(opts: _Options, q, k, alibi_slopes, sinks, kernels, referen
         default=reference, **{p: branch(p) for p in _jax_platforms()})
 
 
-def _with_lse_cotangent(opts: _Options, run, q, k, v, out, dout, lse, dlse, sinks,
-                        head_axis: int):
-    """The kernels' gradients with a cotangent g of the lse too. ∂lse_i/∂s_ij = P_ij adds
-    P_ij·g_i to dS_ij = P_ij·(dP_ij − D_i); the kernels form dP_ij = dO_i·v_j and
-    D_i = dO_i·out_i, so one more head dim carries it: q, k and out get a 0 there, v a 1 and
-    dO the row's g, which makes dP_ij + g_i and leaves S and D as they were (the scale stays
-    the unwidened head dim's). dsinks = Σ P_sink·(g − D): the kernels give −Σ P_sink·D, the
-    Σ P_sink·g is added here. run(opts, q, k, v, out, dout) -> the kernels' gradients; lse and
-    dlse have the heads at head_axis, the rows after it ((B, H, S) or (H, T))."""
-    widen = lambda x, fill: jnp.concatenate([x, jnp.full(x.shape[:-1] + (1,), fill, x.dtype)],
-                                            axis=-1)
-    g = jnp.swapaxes(dlse, head_axis, head_axis + 1)[..., None].astype(dout.dtype)  # like dO
-    scale = opts.scale if opts.scale is not None else q.shape[-1] ** -0.5
-    dq, dk, dv, *dsinks = run(opts._replace(scale=scale), widen(q, 0), widen(k, 0), widen(v, 1),
-                              widen(out, 0), jnp.concatenate([dout, g], axis=-1))
-    grads = [dq[..., :-1], dk[..., :-1], dv[..., :-1]]
-    if dsinks:
-        per_head = [-1 if axis == head_axis else 1 for axis in range(lse.ndim)]
-        p_sink = jnp.exp(sinks.reshape(per_head) - lse)
-        rows = tuple(axis for axis in range(lse.ndim) if axis != head_axis)
-        grads.append(dsinks[0] + jnp.sum(p_sink * dlse, axis=rows))
-    return grads
+def _lse_cotangent(dlse):
+    """The lse's cotangent as the backward call takes it (float32, the lse's shape), or None
+    when jax says it is zero: Options::dlse adds dlse_i·P_ij to each dS_ij (∂lse_i/∂s_ij = P_ij)."""
+    return None if dlse is None else dlse.astype(jnp.float32)
 
 
 def _values(*primals) -> tuple:
@@ -645,16 +646,13 @@ def _attention_bwd(opts: _Options, residuals, cotangent):
         return grads if slopes_perturbed else (*grads[:3], None, grads[4])
 
     def kernels(backend):
-        def run(opts, q, k, v, out, dout):
-            return _kernel_backward(opts._replace(backend=backend), q, k, v, alibi_slopes, sinks,
-                                    out, lse, dout)
-        dq, dk, dv, *dsinks = (run(opts, q, k, v, out, dout) if dlse is None else
-                               _with_lse_cotangent(opts, run, q, k, v, out, dout, lse, dlse,
-                                                   sinks, head_axis=1))
+        dq, dk, dv, *dsinks = _kernel_backward(opts._replace(backend=backend), q, k, v,
+                                               alibi_slopes, sinks, out, lse, dout,
+                                               _lse_cotangent(dlse))
         return dq, dk, dv, None, dsinks[0] if dsinks else None
 
     return _choose_backward(opts, q, k, alibi_slopes, sinks, kernels, reference,
-                            _reference_reason(slopes_perturbed), widened=dlse is not None)
+                            _reference_reason(slopes_perturbed))
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
@@ -718,18 +716,13 @@ def _attention_varlen_bwd(opts: _Options, residuals, cotangent):
         return dq, dk, dv, dslopes if slopes_perturbed else None, dsinks
 
     def kernels(backend):
-        def run(opts, q, k, v, out, dout):
-            return _kernel_backward_varlen(opts._replace(backend=backend), q, k, v, cu_seqlens_q,
-                                           cu_seqlens_k, seqused_k, alibi_slopes, sinks, out,
-                                           lse, dout)
-        dq, dk, dv, *dsinks = (run(opts, q, k, v, out, dout) if dlse is None else
-                               _with_lse_cotangent(opts, run, q, k, v, out, dout, lse, dlse,
-                                                   sinks, head_axis=0))
+        dq, dk, dv, *dsinks = _kernel_backward_varlen(
+            opts._replace(backend=backend), q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+            alibi_slopes, sinks, out, lse, dout, _lse_cotangent(dlse))
         return dq, dk, dv, None, dsinks[0] if dsinks else None
 
     dq, dk, dv, dslopes, dsinks = _choose_backward(
-        opts, q, k, alibi_slopes, sinks, kernels, reference, _reference_reason(slopes_perturbed),
-        widened=dlse is not None)
+        opts, q, k, alibi_slopes, sinks, kernels, reference, _reference_reason(slopes_perturbed))
     return dq, dk, dv, None, None, None, dslopes, dsinks  # no gradient for the int32 arrays
 
 

@@ -17,10 +17,10 @@ Gradients: for CPU tensors (float32, float16, bfloat16) and CUDA tensors (float1
 bfloat16, head_dim <= 128) the ops' backward calls flashtile's backward kernels (cpu_flash;
 cuda_mma on the GPU; O(N·d) memory) through two more custom ops,
 ``torch.ops.flashtile.attention_backward`` and ``attention_backward_varlen``; the sinks'
-gradient comes from the kernels too. Other cases take the reference backward instead, a
-plain-torch implementation that materialises P (O(N^2) memory; for varlen
-O(total_q * total_k)): CUDA tensors the CUDA kernels do not serve (float32, head_dim > 128),
-a gradient flowing into the returned lse (the kernels take none), and ALiBi slopes that
+gradient, and a gradient flowing into the returned lse (their ``dlse`` argument), go through
+the kernels too. Other cases take the reference backward instead, a plain-torch
+implementation that materialises P (O(N^2) memory; for varlen O(total_q * total_k)): CUDA
+tensors the CUDA kernels do not serve (float32, head_dim > 128) and ALiBi slopes that
 require grad (the kernels give the slopes no gradient). float64 CPU tensors run the reference forward
 and backward in float64 (the library's kernels take 16/32-bit floats): the path
 torch.autograd.gradcheck checks. The reference stays the test oracle of the kernels.
@@ -110,17 +110,19 @@ def _lse_dtype(q: torch.Tensor) -> torch.dtype:
 @torch.library.custom_op("flashtile::attention_backward", mutates_args=(),
                          device_types=("cpu", "cuda"))
 def _attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                           v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, causal: bool,
+                           v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                           dlse: Optional[torch.Tensor], causal: bool,
                            scale: Optional[float], window_left: int, window_right: int,
                            softcap: float, alibi_slopes: Optional[torch.Tensor],
                            sinks: Optional[torch.Tensor], deterministic: bool, backend: str
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dsinks) from flashtile.attention_backward; dsinks is empty (0,) without
-    sinks (an op cannot return None)."""
+    sinks (an op cannot return None). dlse: the gradient into lse (float32, lse's shape,
+    contiguous) or None."""
     grads = _api.attention_backward(
         dout, q, k, v, out, lse, causal=causal, scale=scale, window=(window_left, window_right),
         softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, deterministic=deterministic,
-        backend=backend)
+        backend=backend, dlse=dlse)
     return grads if sinks is not None else grads + (_no_dsinks(q),)
 
 
@@ -128,7 +130,7 @@ def _no_dsinks(q: torch.Tensor) -> torch.Tensor:
     return torch.empty((0,), dtype=torch.float32, device=q.device)
 
 
-def _backward_fake(dout, q, k, v, out, lse, *args):
+def _backward_fake(dout, q, k, v, out, lse, dlse, *args):
     sinks = args[-3]
     heads_q = q.shape[-2]
     dsinks = (torch.empty((heads_q,), dtype=torch.float32, device=q.device) if sinks is not None
@@ -145,7 +147,8 @@ _attention_backward_op.register_fake(_backward_fake)
                          device_types=("cpu", "cuda"))
 def _attention_backward_varlen_op(
         dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-        out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+        out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor],
+        cu_seqlens_q: torch.Tensor,
         cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], causal: bool,
         scale: Optional[float], window_left: int, window_right: int, softcap: float,
         alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor], deterministic: bool,
@@ -154,7 +157,8 @@ def _attention_backward_varlen_op(
     grads = _api.attention_backward_varlen(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k=seqused_k, causal=causal,
         scale=scale, window=(window_left, window_right), softcap=softcap,
-        alibi_slopes=alibi_slopes, sinks=sinks, deterministic=deterministic, backend=backend)
+        alibi_slopes=alibi_slopes, sinks=sinks, deterministic=deterministic, backend=backend,
+        dlse=dlse)
     return grads if sinks is not None else grads + (_no_dsinks(q),)
 
 
@@ -285,14 +289,19 @@ def _kernel_backend(backend: str) -> str:
     return backend if backend in ("cpu_flash", "cpu_reference", "cuda_mma") else "auto"
 
 
-def _use_kernels(ctx, q: torch.Tensor, grad_lse, slopes_index: int) -> bool:
+def _use_kernels(ctx, q: torch.Tensor, slopes_index: int) -> bool:
     """Whether the kernels can give this backward (see the module docstring). Decided from
     devices, dtypes and which gradients exist, never from values, so tracing sees one path."""
     if q.device.type == "cpu":
         served = q.dtype != torch.float64
     else:  # cuda_mma's backward: 16-bit, head_dim up to 128
         served = q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 128
-    return served and grad_lse is None and not ctx.needs_input_grad[slopes_index]
+    return served and not ctx.needs_input_grad[slopes_index]
+
+
+def _kernel_lse_gradient(grad_lse):
+    """The gradient into lse as the kernels take it (float32, contiguous), or None."""
+    return None if grad_lse is None else grad_lse.to(torch.float32).contiguous()
 
 
 def _acc_dtype(q: torch.Tensor) -> torch.dtype:
@@ -340,10 +349,11 @@ def _backward(ctx, grad_out, grad_lse):
         return (None,) * 11
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    if _use_kernels(ctx, q, grad_lse, 8):
+    if _use_kernels(ctx, q, 8):
         dq, dk, dv, dsinks = _attention_backward_op(
-            _head_dim_contiguous(grad_out), q, k, v, out, lse, ctx.causal, ctx.scale, ctx.left,
-            ctx.right, ctx.softcap, alibi_slopes, sinks, False, _kernel_backend(ctx.backend))
+            _head_dim_contiguous(grad_out), q, k, v, out, lse, _kernel_lse_gradient(grad_lse),
+            ctx.causal, ctx.scale, ctx.left, ctx.right, ctx.softcap, alibi_slopes, sinks, False,
+            _kernel_backend(ctx.backend))
         dsinks = dsinks.to(sinks.dtype) if sinks is not None and ctx.needs_input_grad[9] else None
         return dq, dk, dv, None, None, None, None, None, None, dsinks, None
     return _reference_dense_backward(ctx, q, k, v, out, lse, alibi_slopes, sinks, grad_out,
@@ -428,9 +438,10 @@ def _varlen_backward(ctx, grad_out, grad_lse):
         return (None,) * 16
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    if _use_kernels(ctx, q, grad_lse, 13):
+    if _use_kernels(ctx, q, 13):
         dq, dk, dv, dsinks = _attention_backward_varlen_op(
-            _head_dim_contiguous(grad_out), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+            _head_dim_contiguous(grad_out), q, k, v, out, lse, _kernel_lse_gradient(grad_lse),
+            cu_seqlens_q, cu_seqlens_k,
             seqused_k, ctx.causal, ctx.scale, ctx.left, ctx.right, ctx.softcap, alibi_slopes,
             sinks, False, _kernel_backend(ctx.backend))
         dsinks = dsinks.to(sinks.dtype) if sinks is not None and ctx.needs_input_grad[14] else None

@@ -123,18 +123,19 @@ flashtile::TensorView to_view(const Api& api, const NdArray& a, const char* name
 }
 
 // lse must be the fp32, C-contiguous buffer Options::lse points to: [batch, heads_q,
-// seqlen_q], or [heads_q, total_q] for a packed call.
+// seqlen_q], or [heads_q, total_q] for a packed call; so must the backward's dlse (`name`).
 template <class NdArray>
-float* lse_pointer(const Api& api, const NdArray& lse, const flashtile::TensorView& q) {
+float* lse_pointer(const Api& api, const NdArray& lse, const flashtile::TensorView& q,
+                   const std::string& name = "lse") {
   std::vector<int64_t> expected = {q.batch(), q.heads(), q.seqlen()};
   if (api.packed) expected = {q.heads(), q.seqlen()};
   const size_t ndim = expected.size();
   if (lse.ndim() != ndim)
-    fail(api, ErrorKind::invalid_argument, "lse must be ",
+    fail(api, ErrorKind::invalid_argument, name, " must be ",
          api.packed ? "2-D (heads, total_q)" : "3-D (batch, heads, seqlen_q)", ", got ",
          std::to_string(lse.ndim()), "-D");
   if (!is_dtype(lse.dtype(), nb::dlpack::dtype_code::Float, 32))
-    fail(api, ErrorKind::dtype, "lse.dtype must be float32, got ", dtype_string(lse.dtype()));
+    fail(api, ErrorKind::dtype, name, ".dtype must be float32, got ", dtype_string(lse.dtype()));
   auto shape_string = [&](auto extent) {
     std::string s = "(";
     for (size_t i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(extent(i));
@@ -143,15 +144,15 @@ float* lse_pointer(const Api& api, const NdArray& lse, const flashtile::TensorVi
   int64_t contiguous_stride = 1;
   for (size_t i = ndim; i-- > 0;) {
     if (static_cast<int64_t>(lse.shape(i)) != expected[i])
-      fail(api, ErrorKind::invalid_argument, "lse.shape must be ",
+      fail(api, ErrorKind::invalid_argument, name, ".shape must be ",
            shape_string([&](size_t d) { return expected[d]; }), ", got ",
            shape_string([&](size_t d) { return lse.shape(d); }));
     if (expected[i] > 1 && lse.stride(i) != contiguous_stride)
-      fail(api, ErrorKind::invalid_argument, "lse must be C-contiguous");
+      fail(api, ErrorKind::invalid_argument, name, " must be C-contiguous");
     contiguous_stride *= expected[i];
   }
-  if (!(device_of(api, lse, "lse") == q.device))
-    fail(api, ErrorKind::invalid_argument, "lse must be on the device of q (",
+  if (!(device_of(api, lse, name.c_str()) == q.device))
+    fail(api, ErrorKind::invalid_argument, name, " must be on the device of q (",
          flashtile::device_name(q.device), ")");
   return static_cast<float*>(const_cast<void*>(static_cast<const void*>(lse.data())));
 }
@@ -308,11 +309,12 @@ void forward(const Array& q, const Array& k, const Array& v, const nb::ndarray<>
 }
 
 // Writes dq, dk, dv (and dsinks, fp32 (heads_q) C-contiguous, when given) for dout, from
-// forward's out and lse (read only).
+// forward's out and lse (read only); dlse, when given, is the gradient into the LSE (lse's
+// shape, dtype and layout).
 void backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& dout,
               const Array& lse, const nb::ndarray<>& dq, const nb::ndarray<>& dk,
               const nb::ndarray<>& dv, const std::optional<nb::ndarray<>>& dsinks,
-              const CallArgs& args) {
+              const CallArgs& args, const OptionalArray& dlse) {
   Call call = make_call(q, k, v, out, args, "flashtile.attention_backward");
   const Api& api = call.api;
   const flashtile::TensorView dout_view = to_view(api, dout, "dout", args.uint16_is_bf16);
@@ -320,6 +322,7 @@ void backward(const Array& q, const Array& k, const Array& v, const Array& out, 
   const flashtile::TensorView dk_view = to_view(api, Array(dk), "dk", args.uint16_is_bf16);
   const flashtile::TensorView dv_view = to_view(api, Array(dv), "dv", args.uint16_is_bf16);
   const float* lse_data = lse_pointer(api, lse, call.q);
+  if (dlse) call.options.dlse = lse_pointer(api, *dlse, call.q, "dlse");
   if (dsinks) {
     const nb::ndarray<>& d = *dsinks;
     if (!is_dtype(d.dtype(), nb::dlpack::dtype_code::Float, 32))
@@ -453,9 +456,10 @@ NB_MODULE(_flashtile, m) {
         "Writes attention(q, k, v) into out (and lse); BSHD views (packed 3-D views when "
         "args.cu_seqlens_q is set), nothing copied.");
   m.def("backward", &backward, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a,
-        "dv"_a, "dsinks"_a.none(), "args"_a,
-        "Writes the gradients dq, dk, dv (and dsinks) of attention for dout, from forward's "
-        "out and lse; views as forward's, nothing copied.");
+        "dv"_a, "dsinks"_a.none(), "args"_a, "dlse"_a.none() = nb::none(),
+        "Writes the gradients dq, dk, dv (and dsinks) of attention for dout (and dlse, the "
+        "gradient into the LSE), from forward's out and lse; views as forward's, nothing "
+        "copied.");
   m.def("plan", &plan, "q"_a, "k"_a, "v"_a, "out"_a, "args"_a,
         "(backend name, workspace bytes) forward would use, or the error it would raise.");
   m.def("empty", &empty, "shape"_a, "dtype"_a, "device_type"_a, "device"_a);

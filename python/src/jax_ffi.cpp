@@ -51,6 +51,7 @@ struct CallAttrs {
   int64_t max_seqlen_q, max_seqlen_k;  // -1: not given (varlen only)
   std::string_view backend;
   bool deterministic;  // backward only
+  bool has_dlse;       // backward only: a cotangent of the lse follows it among the operands
 };
 
 }  // namespace
@@ -62,7 +63,7 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ffi::StructMember<bool>("has_alibi_slopes"), ffi::StructMember<bool>("has_sinks"),
     ffi::StructMember<bool>("has_seqused_k"), ffi::StructMember<int64_t>("max_seqlen_q"),
     ffi::StructMember<int64_t>("max_seqlen_k"), ffi::StructMember<std::string_view>("backend"),
-    ffi::StructMember<bool>("deterministic"));
+    ffi::StructMember<bool>("deterministic"), ffi::StructMember<bool>("has_dlse"));
 
 namespace {
 
@@ -206,16 +207,17 @@ flashtile::Options call_options(const Api& api, const CallAttrs& attrs, void* st
   return options;
 }
 
-// Options::lse and backward's lse: fp32, contiguous [batch, heads_q, seqlen_q]
-// ([heads_q, total_q] for a packed q, whose view has batch 1).
+// Options::lse, backward's lse and its cotangent dlse (`name`): fp32, contiguous
+// [batch, heads_q, seqlen_q] ([heads_q, total_q] for a packed q, whose view has batch 1).
 int64_t lse_elements(const flashtile::TensorView& q) { return q.batch() * q.heads() * q.seqlen(); }
 
-float* lse_data(const Api& api, const ffi::AnyBuffer& lse, const flashtile::TensorView& q) {
+float* lse_data(const Api& api, const ffi::AnyBuffer& lse, const flashtile::TensorView& q,
+                const std::string& name = "lse") {
   const int64_t expected = lse_elements(q);
   if (lse.element_type() != ffi::DataType::F32 ||
       static_cast<int64_t>(lse.element_count()) != expected)
     fail(api, ErrorKind::invalid_argument,
-         "lse must be float32 with " + std::to_string(expected) + " elements, got " +
+         name + " must be float32 with " + std::to_string(expected) + " elements, got " +
              type_name(lse.element_type()) + " with " + std::to_string(lse.element_count()));
   return static_cast<float*>(lse.untyped_data());
 }
@@ -316,22 +318,23 @@ ffi::AnyBuffer result(const Api& api, const ffi::RemainingRets& rets, size_t ind
 }
 
 // One backward call. Operands: q, k, v, then out, dout, lse (what the forward returned and
-// the cotangent of out), then read_call's. Results: dq, then dk, dv and, with sinks, dsinks
+// the cotangent of out), dlse (the cotangent of lse) when attrs.has_dlse, then read_call's. Results: dq, then dk, dv and, with sinks, dsinks
 // (fp32 (heads_q)).
 ffi::Error attention_backward(const Api& api, flashtile::Device device, void* stream,
                               ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                               ffi::RemainingArgs extras, ffi::Result<ffi::AnyBuffer> dq,
                               ffi::RemainingRets rets, const CallAttrs& attrs) {
   return guarded(api, [&] {
-    constexpr size_t kSaved = 3;  // out, dout, lse
-    if (extras.size() < kSaved)
+    const size_t saved = attrs.has_dlse ? 4 : 3;  // out, dout, lse[, dlse]
+    if (extras.size() < saved)
       fail(api, ErrorKind::invalid_argument,
-           "expected out, dout and lse after q, k, v, got " + std::to_string(extras.size()) +
-               " operands");
-    Call call = read_call(api, device, stream, q, k, v, extras, kSaved, attrs);
+           std::string("expected out, dout, lse") + (attrs.has_dlse ? " and dlse" : "") +
+               " after q, k, v, got " + std::to_string(extras.size()) + " operands");
+    Call call = read_call(api, device, stream, q, k, v, extras, saved, attrs);
     const flashtile::TensorView out = tensor_view(api, extra(extras, 0), "out", device);
     const flashtile::TensorView dout = tensor_view(api, extra(extras, 1), "dout", device);
     const float* lse = lse_data(api, extra(extras, 2), call.q);
+    if (attrs.has_dlse) call.options.dlse = lse_data(api, extra(extras, 3), call.q, "dlse");
     const size_t expected_rets = attrs.has_sinks ? 3 : 2;
     if (rets.size() != expected_rets)
       fail(api, ErrorKind::invalid_argument,
@@ -480,7 +483,7 @@ std::pair<std::string, std::string> backward_refusal(
     CallAttrs attrs{causal,      scale.has_value(), scale.value_or(0.0f), window_left,
                     window_right, softcap,          !alibi_shape.empty(), has_sinks,
                     false,       -1,                -1,                   backend,
-                    deterministic};
+                    deterministic, /*has_dlse=*/false};
     flashtile::Options options = call_options(kDenseBackward, attrs, nullptr);
     if (alibi_shape.size() == 1)
       options.alibi_slopes = flashtile::ParamView::vector(

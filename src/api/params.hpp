@@ -84,6 +84,8 @@ struct BackwardParams {
   void* dv = nullptr;          // shape and dtype of v
   ViewStrides dout_strides, dq_strides, dk_strides, dv_strides;
   float* dsinks = nullptr;     // (heads_q) contiguous fp32, or null
+  // ∂loss/∂lse: fp32 at fwd.lse's indices (SeqlenInfo::lse_index), or null (no gradient).
+  const float* dlse = nullptr;
   bool deterministic = false;
 };
 

@@ -441,6 +441,9 @@ BackwardParams Validator::run_backward(const BackwardArgs& grads) {
     fail(ErrorKind::invalid_argument, "lse is null: backward needs the log-sum-exp forward "
                                       "returned (fp32, [batch, heads_q, seqlen_q])");
   inputs_.push_back(footprint(grads.lse, {lse_elements(p)}, {1}, int64_t(sizeof(float)), "lse"));
+  if (call_.options.dlse != nullptr)  // the LSE's shape; an input, so no output may overlap it
+    inputs_.push_back(footprint(call_.options.dlse, {lse_elements(p)}, {1},
+                                int64_t(sizeof(float)), "options.dlse"));
 
   // Outputs: each against itself, every input and the outputs before it.
   std::vector<Footprint> outputs;
@@ -475,6 +478,7 @@ BackwardParams Validator::run_backward(const BackwardArgs& grads) {
   bp.dk = grads.dk.data;
   bp.dv = grads.dv.data;
   bp.dsinks = call_.options.dsinks;
+  bp.dlse = call_.options.dlse;
   bp.deterministic = call_.options.deterministic;
   bp.fwd.lse = const_cast<float*>(grads.lse);  // read only by backward kernels
   return bp;

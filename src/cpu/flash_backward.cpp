@@ -2,7 +2,8 @@
 // memory. P is never stored: each (query block, key block) pair recomputes it from the
 // saved LSE,
 //   P = exp(S - lse),  dP = dO·Vᵀ,  dS = P∘(dP - D)∘∂c/∂(q·k),
-// with D = rowsum(dO∘O) from a pre-pass and the softcap's chain rule (docs/BACKWARD.md).
+// with D = rowsum(dO∘O) from a pre-pass (minus the LSE's gradient when given) and the
+// softcap's chain rule (docs/BACKWARD.md).
 //
 // Every pass is parallel with OpenMP over work that owns its outputs, so no atomics and no
 // reduction whose order depends on the threads: the gradients are bitwise the same for any
@@ -217,6 +218,9 @@ struct Packed {
       // dP - D is then exactly 0, as it is in exact arithmetic.
       float sum = 0.0f;
       for (int64_t c = 0; c < d; ++c) sum = std::fma(ds[r * dp + c], o[c], sum);
+      // A gradient g into the LSE adds g·P to dS (∂lse/∂s = P): D' = D - g stands for D
+      // here and in the sinks' gradient. Subtracted after the sum, so g = 0 leaves D's bits.
+      if (bp.dlse != nullptr) sum -= bp.dlse[seq.lse_index(p, b, h, i)];
       sums[r] = sum;
       const float l = p.lse[seq.lse_index(p, b, h, i)];
       if (l != kNegInf) ls[r] = l;  // a row that sees nothing has P = 0 too
@@ -392,7 +396,7 @@ void key_block_gradients(const Kernels& kern, const BackwardParams& bp, const Pa
 }
 
 // Writes the dQ rows of one query block of one (sequence, query head) from its fp32
-// accumulator and returns its rows' share of the sink's gradient, -Σ_i P_sink,i · D_i.
+// accumulator and returns its rows' share of the sink's gradient, -Σ_i P_sink,i · D'_i.
 float finish_query_block(const BackwardParams& bp, const Packed& pk, int64_t b, int64_t h,
                          int64_t qb, const float* dq_acc) {
   const AttentionParams& p = bp.fwd;

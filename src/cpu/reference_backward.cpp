@@ -34,11 +34,12 @@ int64_t k_rows(const AttentionParams& p) { return p.is_varlen() ? p.total_k : p.
 
 // The backward of one (sequence b, query head h, query row i), accumulated into dq (this
 // row's, owned), dk and dv (the kv head's rows, shared by the group: the caller serialises
-// the group) and *dsink. Acc is double for the oracle and float for the 16-bit baseline,
-// where `round` rounds S, P, O, dP, D and dS to the input dtype.
+// the group) and *dsink; lse_grad is ∂loss/∂lse_i (0 without a gradient into the LSE).
+// Acc is double for the oracle and float for the 16-bit baseline, where `round` rounds S,
+// P, O, dP, D and dS to the input dtype.
 template <class Acc, class Round>
 void backward_row(const AttentionParams& p, const void* dout, const detail::ViewStrides& dout_s,
-                  int64_t b, int64_t h, const Seqlen& seq, int64_t i, Round round,
+                  int64_t b, int64_t h, const Seqlen& seq, int64_t i, Acc lse_grad, Round round,
                   std::vector<Acc>& scratch, Acc* dq, Acc* dk, Acc* dv, Acc* dsink,
                   Acc* dsink_sensitivity) {
   const int64_t hk = h / p.heads_per_kv(), d = p.head_dim;
@@ -99,10 +100,13 @@ void backward_row(const AttentionParams& p, const void* dout, const detail::View
   }
   for (int64_t c = 0; c < d; ++c) row_sum += do_row[c] * round(out_row[c]);
   row_sum = round(row_sum);
+  // ∂lse/∂s_j = P_j and ∂lse/∂s_h = P_sink: the LSE's gradient g adds g·P to every dS, which
+  // is D' = D - g in place of D (the baseline subtracts in fp32, as lse and g are fp32).
+  const Acc shifted_row_sum = row_sum - lse_grad;
 
-  // dS_j = P_j (dP_j - D); through the softcap d qk = dS · scale·(1 - tanh²).
+  // dS_j = P_j (dP_j - D'); through the softcap d qk = dS · scale·(1 - tanh²).
   for (int64_t j = first; j < end; ++j) {
-    const Acc ds = round(prob[j - first] * (dprob[j - first] - row_sum));
+    const Acc ds = round(prob[j - first] * (dprob[j - first] - shifted_row_sum));
     const Acc dqk = round(ds * (softcap ? logits.template scaled_derivative<true>(capped[j - first])
                                         : logits.template scaled_derivative<false>(capped[j - first])));
     const int64_t k_off = seq.k_offset(p, b, j, hk);
@@ -114,8 +118,8 @@ void backward_row(const AttentionParams& p, const void* dout, const detail::View
       dv_row[c] += prob[j - first] * do_row[c];
     }
   }
-  // The sink's logit s_h enters only the denominator: ∂L/∂s_h = P_sink · (0 - D).
-  *dsink += -prob_sink * row_sum;
+  // The sink's logit s_h enters only the denominator: ∂L/∂s_h = P_sink · (0 - D').
+  *dsink += -prob_sink * shifted_row_sum;
   Acc magnitude = 0;
   for (int64_t c = 0; c < d; ++c) magnitude += std::fabs(do_row[c] * out_row[c]);
   *dsink_sensitivity += prob_sink * magnitude;
@@ -127,7 +131,8 @@ void backward_row(const AttentionParams& p, const void* dout, const detail::View
 // added in sequence order.
 template <class Acc, class Round>
 void backward_all(const AttentionParams& p, const void* dout, const detail::ViewStrides& dout_s,
-                  Round round, Acc* dq, Acc* dk, Acc* dv, Acc* dsinks, Acc* dsink_sensitivity) {
+                  const float* dlse, Round round, Acc* dq, Acc* dk, Acc* dv, Acc* dsinks,
+                  Acc* dsink_sensitivity) {
   const int64_t pairs = p.batch * p.heads_kv, group = p.heads_per_kv();
   std::vector<Acc> dsink_parts(static_cast<size_t>(p.batch * p.heads_q), Acc(0));
   std::vector<Acc> sensitivity_parts(dsink_parts.size(), Acc(0));
@@ -140,7 +145,9 @@ void backward_all(const AttentionParams& p, const void* dout, const detail::View
       const Seqlen seq(p, b);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
         for (int64_t i = 0; i < seq.seqlen_q; ++i)
-          backward_row(p, dout, dout_s, b, h, seq, i, round, scratch,
+          backward_row(p, dout, dout_s, b, h, seq, i,
+                       dlse != nullptr ? Acc(dlse[seq.lse_index(p, b, h, i)]) : Acc(0), round,
+                       scratch,
                        dq + contiguous_q(p, b, seq, i, h), dk, dv, &dsink_parts[b * p.heads_q + h],
                        &sensitivity_parts[b * p.heads_q + h]);
     }
@@ -158,7 +165,7 @@ void backward_all(const AttentionParams& p, const void* dout, const detail::View
 }
 
 ReferenceGradients run_reference_backward(const AttentionParams& p, const void* dout,
-                                          const detail::ViewStrides& dout_s,
+                                          const detail::ViewStrides& dout_s, const float* dlse,
                                           ReferencePrecision precision) {
   const size_t nq = size_t(q_rows(p) * p.heads_q * p.head_dim);
   const size_t nk = size_t(k_rows(p) * p.heads_kv * p.head_dim);
@@ -166,14 +173,14 @@ ReferenceGradients run_reference_backward(const AttentionParams& p, const void* 
   ReferenceGradients g{std::vector<double>(nq), std::vector<double>(nk), std::vector<double>(nk),
                        std::vector<double>(ns), std::vector<double>(ns)};
   if (precision == ReferencePrecision::exact) {
-    backward_all(p, dout, dout_s, [](double x) { return x; }, g.dq.data(), g.dk.data(),
+    backward_all(p, dout, dout_s, dlse, [](double x) { return x; }, g.dq.data(), g.dk.data(),
                  g.dv.data(), ns ? g.dsinks.data() : nullptr,
                  ns ? g.dsinks_out_sensitivity.data() : nullptr);
     return g;
   }
   std::vector<float> dq(nq), dk(nk), dv(nk), dsinks(ns), sensitivity(ns);
   const DType dtype = p.dtype;
-  backward_all(p, dout, dout_s, [dtype](float x) { return detail::round_to(dtype, x); }, dq.data(),
+  backward_all(p, dout, dout_s, dlse, [dtype](float x) { return detail::round_to(dtype, x); }, dq.data(),
                dk.data(), dv.data(), ns ? dsinks.data() : nullptr,
                ns ? sensitivity.data() : nullptr);
   auto rounded = [dtype](const std::vector<float>& x) {
@@ -238,7 +245,7 @@ ReferenceGradients reference_attention_backward(const TensorView& q, const Tenso
   require_cpu(q, k, v, api);
   const detail::ViewStrides s = check_dout(q, dout, api);
   return run_reference_backward(detail::validate({q, k, v, nullptr, nullptr, options, api}),
-                                dout.data, s, precision);
+                                dout.data, s, options.dlse, precision);
 }
 
 ReferenceGradients reference_attention_backward_varlen(const TensorView& q, const TensorView& k,
@@ -250,7 +257,7 @@ ReferenceGradients reference_attention_backward_varlen(const TensorView& q, cons
   detail::ViewStrides s = check_dout(q, dout, api);
   s.batch = 0;  // packed: (1, total_q, heads, head_dim)
   return run_reference_backward(detail::validate({q, k, v, nullptr, &varlen, options, api}),
-                                dout.data, s, precision);
+                                dout.data, s, options.dlse, precision);
 }
 
 GradientVerification verify_gradients(const ReferenceGradients& exact,
@@ -319,7 +326,7 @@ namespace detail {
 void run_reference_backward_backend(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   const ReferenceGradients g =
-      run_reference_backward(p, bp.dout, bp.dout_strides, ReferencePrecision::exact);
+      run_reference_backward(p, bp.dout, bp.dout_strides, bp.dlse, ReferencePrecision::exact);
   const int64_t b_q = p.is_varlen() ? 1 : p.batch, r_q = p.is_varlen() ? p.total_q : p.seqlen_q;
   const int64_t r_k = p.is_varlen() ? p.total_k : p.seqlen_k;
   const TensorView q_like{nullptr, p.dtype, Device::cpu(), {b_q, r_q, p.heads_q, p.head_dim}, {}};

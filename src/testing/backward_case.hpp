@@ -1,7 +1,8 @@
 // A backward case, shared by the test suites and the CLI (`check --pass bwd`, `bench --pass
 // bwd`): an AttentionCase whose out and lse come from the oracle's forward (cpu_reference), a
 // random dout (never zeros) and NaN-poisoned gradients dq, dk, dv (and dsinks), in the
-// layouts of q, k, v (strided when the shape is).
+// layouts of q, k, v (strided when the shape is); with draw_lse_gradient, also a random
+// gradient into the LSE (options.dlse) that the backward and the oracle both take.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +20,7 @@ struct BackwardCase {
   AttentionCase fwd;
   HostTensor dout, dq, dk, dv;
   std::vector<float> dsinks;  // heads_q when the variant has sinks, else empty
+  std::vector<float> dlse;    // the LSE's shape when drawn, else empty (no gradient into it)
 
   explicit BackwardCase(const Shape& s, uint32_t seed = 1234)
       : fwd(s, seed),
@@ -34,6 +36,15 @@ struct BackwardCase {
     poison();
   }
 
+  // A random ∂loss/∂lse for every LSE element, rows that see nothing included (they must
+  // stay free of NaN: their lse is -inf and P = 0).
+  void draw_lse_gradient(uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    dlse.resize(fwd.lse.size());
+    for (float& g : dlse) g = uniform(rng);
+  }
+
   void poison() {
     dq.poison();
     dk.poison();
@@ -47,6 +58,7 @@ struct BackwardCase {
     o.backend = backend;
     o.deterministic = deterministic;
     o.dsinks = dsinks.empty() ? nullptr : dsinks.data();
+    o.dlse = dlse.empty() ? nullptr : dlse.data();
     return o;
   }
 
@@ -61,7 +73,8 @@ struct BackwardCase {
   }
 
   GradientVerification verify() const {
-    const Options o = fwd.reference_options();
+    Options o = fwd.reference_options();
+    o.dlse = dlse.empty() ? nullptr : dlse.data();
     const std::optional<Varlen> vl = fwd.varlen();
     return verify_backward(fwd.q.view, fwd.k.view, fwd.v.view, dout.view, dq.view, dk.view, dv.view,
                            dsinks.empty() ? nullptr : dsinks.data(), o, vl ? &*vl : nullptr);

@@ -1,6 +1,7 @@
 // The backward oracle against central finite differences of the forward oracle, for every
-// variant: the test that makes reference_attention_backward trustworthy. L = Σ out∘dout, so
-// ∂L/∂x is what reference_attention_backward returns for x in q, k, v and the sinks. Both
+// variant: the test that makes reference_attention_backward trustworthy. L = Σ out∘dout
+// (+ Σ lse∘dlse with a gradient into the LSE), so ∂L/∂x is what
+// reference_attention_backward returns for x in q, k, v and the sinks. Both
 // oracles are double throughout; the inputs are fp32, so each step is taken as the fp32
 // value x ± h actually holds (the difference quotient uses the exact step).
 #include <gtest/gtest.h>
@@ -38,12 +39,16 @@ const Variant kVariants[] = {
     {"all", {3, 2}, false, 1.0f, true, true, true},
 };
 
-// Σ out∘dout of the forward oracle (dout contiguous, q's shape).
-double loss(const AttentionCase& c, const HostTensor& dout) {
+// Σ out∘dout (+ Σ lse∘dlse when dlse is not empty) of the forward oracle (dout contiguous,
+// q's shape; dlse the LSE's). Rows that see nothing (lse -inf, whatever the inputs) are a
+// constant and left out.
+double loss(const AttentionCase& c, const HostTensor& dout, const std::vector<float>& dlse) {
   const ReferenceResult r = c.reference();
   double sum = 0;
   for (size_t n = 0; n < r.out.size(); ++n)
     sum += r.out[n] * detail::load_as_float(dout.view.data, DType::f32, int64_t(n));
+  for (size_t n = 0; n < dlse.size(); ++n)
+    if (std::isfinite(r.lse[n])) sum += r.lse[n] * dlse[n];
   return sum;
 }
 
@@ -75,17 +80,24 @@ void expect_matches_fd(const char* what, const std::string& name, float* data, s
   EXPECT_GT(max_grad, 0.0) << name << ": " << what << " is all zeros";
 }
 
-void check_case(const Shape& shape, const std::string& name) {
+void check_case(const Shape& shape, const std::string& name, bool lse_gradient = false) {
   AttentionCase c(shape, 77);
   HostTensor dout(DType::f32, c.shape.q_shape(), false);
   std::mt19937 rng(5);
   dout.fill_random(rng);
+  std::vector<float> dlse;
+  if (lse_gradient) {
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    dlse.resize(c.lse.size());
+    for (float& g : dlse) g = uniform(rng);
+  }
   const std::optional<Varlen> vl = c.varlen();
-  const Options o = c.reference_options();
+  Options o = c.reference_options();
+  o.dlse = dlse.empty() ? nullptr : dlse.data();
   const ReferenceGradients g =
       vl ? reference_attention_backward_varlen(c.q.view, c.k.view, c.v.view, dout.view, *vl, o)
          : reference_attention_backward(c.q.view, c.k.view, c.v.view, dout.view, o);
-  auto f = [&] { return loss(c, dout); };
+  auto f = [&] { return loss(c, dout, dlse); };
   auto floats = [](HostTensor& t) { return reinterpret_cast<float*>(t.bytes.data()); };
   auto count = [](const HostTensor& t) { return t.bytes.size() / sizeof(float); };
   expect_matches_fd("dq", name, floats(c.q), count(c.q), g.dq, f);
@@ -122,6 +134,30 @@ TEST(BackwardOracle, MatchesFiniteDifferencesOnVarlen) {
     s.varlen_k = {4, 2, 1, 5};
     s.seqused_k = {4, 2, 0, 3};
     check_case(with_variant(s, v), std::string("varlen ") + v.name);
+  }
+}
+
+TEST(BackwardOracle, MatchesFiniteDifferencesWithAGradientIntoTheLse) {
+  // The loss uses the LSE too (∂lse/∂s = P): every variant, dense with GQA and sq != sk,
+  // and varlen with empty sequences and a row that sees no key (no NaN from it).
+  for (const Variant& v : kVariants) {
+    Shape s;
+    s.batch = 2;
+    s.seqlen_q = 6;
+    s.seqlen_k = 4;
+    s.heads_q = 4;
+    s.heads_kv = 2;
+    s.head_dim = 3;
+    check_case(with_variant(s, v), std::string("dlse ") + v.name, /*lse_gradient=*/true);
+    Shape packed;
+    packed.heads_q = 2;
+    packed.heads_kv = 1;
+    packed.head_dim = 3;
+    packed.varlen_q = {3, 0, 1, 4};
+    packed.varlen_k = {4, 2, 1, 5};
+    packed.seqused_k = {4, 2, 0, 3};
+    check_case(with_variant(packed, v), std::string("dlse varlen ") + v.name,
+               /*lse_gradient=*/true);
   }
 }
 

@@ -122,6 +122,62 @@ TEST_P(CpuFlashBackward, VarlenWithEmptyAndLengthOneSequences) {
     }
 }
 
+TEST_P(CpuFlashBackward, GradientIntoTheLse) {
+  // options.dlse (∂loss/∂lse) on every variant: dense with GQA, sq != sk both ways and
+  // strides; varlen with a sequence of queries and no keys (lse -inf, or the sink's logit
+  // with sinks: those rows must give no NaN, and with sinks their g reaches dsinks).
+  SKIP_WITHOUT_CPU_FLASH();
+  size_t n = 0;
+  for (const Variant& v : variants()) {
+    for (auto [sq, sk] : {std::pair{77, 130}, std::pair{130, 77}}) {
+      Shape s;
+      s.batch = 2;
+      s.seqlen_q = sq;
+      s.seqlen_k = sk;
+      s.heads_q = 4;
+      s.heads_kv = 2;
+      s.head_dim = 40;
+      s.strided = sq > sk;
+      s.dtype = GetParam();
+      BackwardCase c(with_variant(s, v));
+      c.draw_lse_gradient(static_cast<uint32_t>(7 + n++));
+      c.run(Backend::cpu_flash);
+      EXPECT_TRUE(testing::gradients_match(c)) << v.name;
+    }
+    Shape s;
+    s.heads_q = 4;
+    s.heads_kv = 2;
+    s.head_dim = 24;
+    s.dtype = GetParam();
+    s.varlen_q = {1, 0, 17, 1, 150};
+    s.varlen_k = {1, 5, 0, 130, 140};
+    BackwardCase c(with_variant(s, v));
+    c.draw_lse_gradient(static_cast<uint32_t>(7 + n++));
+    c.run(Backend::cpu_flash);
+    EXPECT_TRUE(testing::gradients_match(c)) << "varlen " << v.name;
+  }
+}
+
+TEST(CpuFlashBackward, ZeroLseGradientLeavesTheGradientsBitwiseUnchanged) {
+  // D' = D - g is formed after D's own sum: g = 0 must not change a bit (in particular the
+  // exact dP - D = 0 of a row that sees one key).
+  SKIP_WITHOUT_CPU_FLASH();
+  Shape s;
+  s.batch = 2;
+  s.seqlen_q = 70;
+  s.seqlen_k = 1;
+  s.heads_q = 2;
+  s.head_dim = 64;
+  s.sinks = true;
+  BackwardCase c(s);
+  c.run(Backend::cpu_flash);
+  const std::vector<unsigned char> without = c.bytes();
+  c.dlse.assign(c.fwd.lse.size(), 0.0f);
+  c.poison();
+  c.run(Backend::cpu_flash);
+  EXPECT_EQ(c.bytes(), without);
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CpuFlashBackward,
                          ::testing::Values(DType::f32, DType::f16, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });

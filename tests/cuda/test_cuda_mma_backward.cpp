@@ -296,5 +296,82 @@ TEST(CudaMmaBackward, RefusesHeadDimsAbove128AndFp32WritingNothing) {
   }
 }
 
+// ---- a gradient into the LSE (options.dlse): D' = D - g in the row-sum pre-pass ----------
+
+// c's backward on the device with c.dlse (drawn) copied there as options.dlse.
+void run_with_lse_gradient(BackwardCase& c, bool deterministic = false) {
+  DeviceBackward d(c);
+  const DeviceArray<float> dlse(c.dlse, 0);
+  d.poison();
+  Options o = d.options(c, deterministic);
+  o.dlse = dlse.data();
+  const auto* lse_data = static_cast<const float*>(d.lse.data());
+  if (const std::optional<Varlen> vl = d.fwd.varlen(c.fwd))
+    backward_varlen(d.fwd.q.view, d.fwd.k.view, d.fwd.v.view, d.fwd.out.view, d.dout.view,
+                    lse_data, d.dq.view, d.dk.view, d.dv.view, *vl, o);
+  else
+    backward(d.fwd.q.view, d.fwd.k.view, d.fwd.v.view, d.fwd.out.view, d.dout.view, lse_data,
+             d.dq.view, d.dk.view, d.dv.view, o);
+  cuda_synchronize(0);
+  d.copy_back(c);
+}
+
+// Every variant, both dtypes, head dims 64, 128 (d = 128 is what JAX's old head-dim
+// widening could not run) and 40 (the narrow path), GQA/MQA, sq != sk both ways, strides.
+TEST(CudaMmaBackward, LseGradientMatchesOracleForEveryVariant) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  int rotate = 0;
+  for (const Variant& v : variants())
+    for (auto [sq, sk] : {std::pair{130, 77}, std::pair{77, 200}}) {
+      const int64_t head_dims[] = {128, 64, 40};
+      Shape s = shape_of(rotate % 2 ? DType::f16 : DType::bf16, 2, sq, sk, 4, 2,
+                         head_dims[rotate % 3]);
+      s.strided = rotate % 3 == 1;
+      if (rotate % 5 == 2) s.heads_kv = 1;  // MQA
+      BackwardCase c(with_variant(s, v));
+      c.draw_lse_gradient(uint32_t(100 + rotate++));
+      run_with_lse_gradient(c);
+      margin.add(c, c.verify());
+      EXPECT_TRUE(testing::gradients_match(c)) << v.name;
+    }
+}
+
+// Packed batches with empty sequences, sequences of queries and no keys (their g must give
+// no NaN; with sinks it reaches dsinks) and seqused_k; deterministic mode too.
+TEST(CudaMmaBackward, LseGradientVarlenAndDeterministic) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  const Variant varlen_variants[] = {{"causal", {}, true},
+                                     {"window + sinks", {20, 3}, false, 0.0f, false, false, true},
+                                     {"causal softcap alibi sinks", {}, true, 15.0f, true, true, true}};
+  int n = 0;
+  for (const Variant& v : varlen_variants)
+    for (int64_t d : {64, 128}) {
+      Shape s = shape_of(DType::bf16, 1, 0, 0, 4, 2, d);
+      s.varlen_q = {1, 0, 17, 1, 150, 33};
+      s.varlen_k = {1, 5, 0, 130, 140, 90};
+      s.seqused_k = {1, 5, 0, 0, 120, 90};
+      s.strided = d == 128;
+      BackwardCase c(with_variant(s, v));
+      c.draw_lse_gradient(uint32_t(200 + n));
+      run_with_lse_gradient(c, /*deterministic=*/n++ % 2 == 1);
+      EXPECT_TRUE(testing::gradients_match(c)) << "varlen d" << d << " " << v.name;
+    }
+}
+
+// g = 0 changes no bit (D - 0 = D), in deterministic mode where the bits are repeatable.
+TEST(CudaMmaBackward, ZeroLseGradientLeavesTheGradientsBitwiseUnchanged) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  Shape s = shape_of(DType::bf16, 2, 300, 257, 4, 2, 128);
+  s.causal = true;
+  s.sinks = true;
+  BackwardCase c(s);
+  DeviceBackward d(c);
+  d.run(c, /*deterministic=*/true);
+  const std::vector<unsigned char> without = c.bytes();
+  c.dlse.assign(c.fwd.lse.size(), 0.0f);
+  run_with_lse_gradient(c, /*deterministic=*/true);
+  EXPECT_EQ(c.bytes(), without);
+}
+
 }  // namespace
 }  // namespace flashtile

@@ -122,6 +122,68 @@ def test_deterministic_is_bitwise():
             assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_numpy_lse_gradient_matches_the_oracle(variant):
+    """dlse (a gradient into the LSE) through cpu_flash against the C++ oracle; it changes dq,
+    dk (and dsinks) and leaves dv (which P alone forms) as it was."""
+    rng = np.random.default_rng(RNG_SEED)
+    q, k, v = random_case(rng, 2, 19, 26, 4, 2, 24)
+    args = variant_args(rng, variant, 4)
+    out, lse, dout = forward_and_dout(rng, q, k, v, **args)
+    dlse = rng.uniform(-1.0, 1.0, lse.shape).astype(np.float32)
+    got = flashtile.attention_backward(dout, q, k, v, out, lse, backend="cpu_flash", dlse=dlse,
+                                       **args)
+    want = flashtile.attention_backward(dout, q, k, v, out, lse, backend="cpu_reference",
+                                        dlse=dlse, **args)
+    without = flashtile.attention_backward(dout, q, k, v, out, lse, backend="cpu_flash", **args)
+    for g, w in zip(got, want):
+        assert rel(g, w) <= 1e-5
+    assert rel(without[0], want[0]) > 1e-3 and rel(without[1], want[1]) > 1e-3
+    assert np.array_equal(without[2], got[2])
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_varlen_lse_gradient_on_rows_that_see_no_key(sinks):
+    """Sequence 1 has queries and no used key: lse -inf (or the sink's logit), P = 0; its rows'
+    dlse must give no NaN, and with sinks it reaches dsinks (∂lse/∂sink = 1 there)."""
+    rng = np.random.default_rng(RNG_SEED)
+    lengths_q, lengths_k = [3, 4, 1, 20], [5, 2, 1, 18]
+    cu_q = np.concatenate([[0], np.cumsum(lengths_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lengths_k)]).astype(np.int32)
+    seqused_k = np.array([5, 0, 1, 11], np.int32)
+    q = rng.uniform(-1, 1, (cu_q[-1], 4, 16)).astype(np.float32)
+    k = rng.uniform(-1, 1, (cu_k[-1], 2, 16)).astype(np.float32)
+    v = rng.uniform(-1, 1, (cu_k[-1], 2, 16)).astype(np.float32)
+    args = variant_args(rng, {"causal": True, "softcap": 2.0, "sinks": sinks}, 4)
+    out, lse = flashtile.attention_varlen(q, k, v, cu_q, cu_k, seqused_k=seqused_k,
+                                          return_lse=True, **args)
+    assert np.all(np.isinf(lse[:, 3:7])) != sinks
+    dout = rng.uniform(-1, 1, out.shape).astype(np.float32)
+    dlse = rng.uniform(-1, 1, lse.shape).astype(np.float32)
+    got = flashtile.attention_backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k,
+                                              seqused_k=seqused_k, dlse=dlse, **args)
+    want = flashtile.attention_backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k,
+                                               seqused_k=seqused_k, backend="cpu_reference",
+                                               dlse=dlse, **args)
+    for g, w in zip(got, want):
+        assert np.all(np.isfinite(g))
+        assert rel(g, w) <= 1e-5
+    assert np.all(got[0][3:7] == 0)  # those rows see nothing: no gradient for their queries
+
+
+def test_lse_gradient_bad_inputs():
+    rng = np.random.default_rng(RNG_SEED)
+    q, k, v = random_case(rng, 1, 6, 6, 2, 2, 8)
+    out, lse, dout = forward_and_dout(rng, q, k, v)
+    for dlse, error, message in (
+            (lse[:, :1], ValueError, "dlse.shape must be"),
+            (lse.astype(np.float64), TypeError, "dlse.dtype must be float32"),
+            (lse.transpose(0, 2, 1).copy().transpose(0, 2, 1), ValueError,
+             "dlse must be C-contiguous")):
+        with pytest.raises(error, match=message):
+            flashtile.attention_backward(dout, q, k, v, out, lse, dlse=dlse)
+
+
 README_BACKWARD_EXAMPLE = '''
 import numpy as np, flashtile
 q = np.random.randn(2, 1024, 8, 64).astype(np.float32)   # (batch, seqlen, heads, head_dim)
@@ -225,7 +287,92 @@ def test_autograd_uses_the_kernels_and_matches_the_float64_reference(variant):
 
 
 @needs_torch
-def test_lse_gradient_and_learnable_slopes_take_the_reference():
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_autograd_through_out_and_lse_uses_the_kernels(variant):
+    """A loss of out and lse (as ring attention's merge makes): the float32 gradients are the
+    kernels' own (dlse passed to them) and within 1e-5 of the float64 reference path."""
+    rng = np.random.default_rng(RNG_SEED)
+    args = variant_args(rng, variant, 4)
+    params = {n: torch.tensor(args.pop(n)) for n in ("alibi_slopes", "sinks") if n in args}
+    q, k, v = torch_case(2, 19, 26, 4, 2, 16)
+    dout = torch.rand(q.shape, dtype=torch.float64) * 2 - 1
+    dlse = torch.rand((2, 4, 19), dtype=torch.float64) * 2 - 1
+    grads = {}
+    for dtype in (torch.float32, torch.float64):
+        leaves = [x.detach().to(dtype).clone().requires_grad_() for x in (q, k, v)]
+        sinks = params.get("sinks")
+        if sinks is not None:
+            sinks = sinks.detach().to(dtype).clone().requires_grad_()
+        out, lse = ft.attention(*leaves, alibi_slopes=params.get("alibi_slopes"), sinks=sinks,
+                                return_lse=True, **args)
+        ((out * dout.to(dtype)).sum() + (lse * dlse.to(dtype)).sum()).backward()
+        grads[dtype] = [x.grad for x in leaves] + ([sinks.grad] if sinks is not None else [])
+    for g32, g64 in zip(grads[torch.float32], grads[torch.float64]):
+        assert rel(g32.numpy(), g64.numpy()) <= 1e-5
+    out, lse = flashtile.attention(q, k, v, return_lse=True, sinks=params.get("sinks"),
+                                   alibi_slopes=params.get("alibi_slopes"), **args)
+    direct = flashtile.attention_backward(dout.float(), q, k, v, out, lse, dlse=dlse.float(),
+                                          sinks=params.get("sinks"),
+                                          alibi_slopes=params.get("alibi_slopes"), **args)
+    for a, b in zip(grads[torch.float32], direct):
+        assert torch.equal(a, b)
+
+
+@needs_torch
+def test_autograd_of_the_lse_alone_and_of_a_varlen_batch():
+    """Only lse in the loss (out's gradient is None: the op passes zeros), dense; and a packed
+    batch with a sequence whose queries see no key (lse -inf: no NaN), out and lse together."""
+    q, k, v = torch_case(2, 13, 9, 4, 1, 8)
+    grads = {}
+    for dtype in (torch.float32, torch.float64):
+        leaves = [x.detach().to(dtype).clone().requires_grad_() for x in (q, k, v)]
+        _, lse = ft.attention(*leaves, causal=True, softcap=1.5, return_lse=True)
+        (torch.where(torch.isinf(lse), 0.0, lse) ** 2).sum().backward()
+        grads[dtype] = [x.grad for x in leaves]
+    for g32, g64 in zip(grads[torch.float32], grads[torch.float64]):
+        assert torch.all(torch.isfinite(g32)) and rel(g32.numpy(), g64.numpy()) <= 1e-5
+    cu_q = torch.tensor([0, 3, 7, 8, 28], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 7, 8, 26], dtype=torch.int32)
+    seqused_k = torch.tensor([5, 0, 1, 11], dtype=torch.int32)
+    g = torch.Generator().manual_seed(5)
+    packed = [torch.rand((n, h, 16), generator=g, dtype=torch.float64) - 0.5
+              for n, h in ((28, 4), (26, 2), (26, 2))]
+    dout = torch.rand((28, 4, 16), generator=g, dtype=torch.float64) - 0.5
+    dlse = torch.rand((4, 28), generator=g, dtype=torch.float64) - 0.5
+    vgrads = {}
+    for dtype in (torch.float32, torch.float64):
+        leaves = [x.to(dtype).clone().requires_grad_() for x in packed]
+        out, lse = ft.attention_varlen(*leaves, cu_q, cu_k, seqused_k=seqused_k, causal=True,
+                                       return_lse=True)
+        assert torch.all(torch.isinf(lse[:, 3:7]))
+        lse_term = torch.where(torch.isinf(lse), 0.0, lse) * dlse.to(dtype)
+        ((out * dout.to(dtype)).sum() + lse_term.sum()).backward()
+        vgrads[dtype] = [x.grad for x in leaves]
+    for g32, g64 in zip(vgrads[torch.float32], vgrads[torch.float64]):
+        assert torch.all(torch.isfinite(g32)) and rel(g32.numpy(), g64.numpy()) <= 1e-5
+
+
+@needs_torch
+def test_merging_two_key_halves_through_their_lse_trains_like_full_attention():
+    """Ring / context-parallel attention's merge: attention over each half of the keys, then
+    out = Σ_h exp(lse_h - lse)·out_h with lse = logsumexp_h(lse_h). Its gradients (the kernels,
+    through both halves' out and lse) equal full attention's."""
+    q, k, v = torch_case(2, 23, 40, 4, 2, 16, seed=6)
+    dout = torch.rand(q.shape, dtype=torch.float64).float() * 2 - 1
+    full = [x.clone().requires_grad_() for x in (q, k, v)]
+    (ft.attention(*full, softcap=3.0) * dout).sum().backward()
+    split = [x.clone().requires_grad_() for x in (q, k, v)]
+    halves = [ft.attention(split[0], split[1][:, s], split[2][:, s], softcap=3.0,
+                           return_lse=True) for s in (slice(0, 17), slice(17, 40))]
+    lse = torch.logsumexp(torch.stack([l for _, l in halves]), dim=0)       # (B, H, Sq)
+    merged = sum(o * torch.exp(l - lse).transpose(1, 2)[..., None] for o, l in halves)
+    (merged * dout).sum().backward()
+    for a, b in zip(split, full):
+        assert rel(a.grad.numpy(), b.grad.numpy()) <= 1e-5
+
+
+@needs_torch
+def test_learnable_slopes_take_the_reference_with_an_lse_gradient_too():
     q, k, v = torch_case(1, 12, 12, 2, 2, 8)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     slopes = torch.tensor([0.1, 0.3], requires_grad=True)
@@ -298,16 +445,18 @@ def test_opcheck_backward_ops():
     sinks = torch.tensor([0.1, -0.2, 0.3, 0.0])
     out, lse = flashtile.attention(q, k, v, causal=True, sinks=sinks, return_lse=True)
     dout = torch.ones_like(out)
-    torch.library.opcheck(torch.ops.flashtile.attention_backward.default,
-                          (dout, q, k, v, out, lse, True, None, -1, -1, 0.0, None, sinks, False,
-                           "auto"))
+    for dlse in (None, torch.rand_like(lse) - 0.5):
+        torch.library.opcheck(torch.ops.flashtile.attention_backward.default,
+                              (dout, q, k, v, out, lse, dlse, True, None, -1, -1, 0.0, None,
+                               sinks, False, "auto"))
     cu_q = torch.tensor([0, 5, 5, 14], dtype=torch.int32)
     cu_k = torch.tensor([0, 7, 10, 19], dtype=torch.int32)
     qp, kp, vp = (torch.rand((n, h, 16)) for n, h in ((14, 4), (19, 2), (19, 2)))
     outp, lsep = flashtile.attention_varlen(qp, kp, vp, cu_q, cu_k, return_lse=True)
-    torch.library.opcheck(torch.ops.flashtile.attention_backward_varlen.default,
-                          (torch.ones_like(outp), qp, kp, vp, outp, lsep, cu_q, cu_k, None, False,
-                           None, -1, -1, 0.0, None, None, False, "auto"))
+    for dlse in (None, torch.rand_like(lsep) - 0.5):
+        torch.library.opcheck(torch.ops.flashtile.attention_backward_varlen.default,
+                              (torch.ones_like(outp), qp, kp, vp, outp, lsep, dlse, cu_q, cu_k,
+                               None, False, None, -1, -1, 0.0, None, None, False, "auto"))
 
 
 @needs_torch
@@ -450,3 +599,52 @@ def test_cuda_variants_and_varlen_take_the_kernels():
         vgrads[device] = [x.grad.cpu().double() for x in leaves]
     for g, w in zip(vgrads["cuda"], vgrads["cpu"]):
         assert rel(g.numpy(), w.numpy()) <= 3e-2
+
+
+@needs_cuda_mma
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_autograd_through_lse_uses_cuda_mma_within_flash_attentions_rule(dtype):
+    """A loss of out and lse at head_dim 128 (GQA, causal, sinks): the gradients are cuda_mma's
+    (dk, dv, dsinks bitwise as a direct call with dlse; dq through atomics, within 1e-3), and
+    meet FlashAttention's rule against float64 math attention, whose 16-bit run in the same
+    dtype on the GPU is the baseline (dsinks: normwise 3e-2 of the float64 one)."""
+    dt = getattr(torch, dtype)
+    q, k, v = (x.to("cuda", dt) for x in torch_case(2, 130, 200, 4, 2, 128, seed=3))
+    sinks = torch.tensor([0.3, -0.5, 0.1, 0.8], device="cuda")
+    dout = (torch.rand(q.shape, dtype=torch.float64) * 2 - 1).to("cuda", dt)
+    dlse = (torch.rand((2, 4, 130), dtype=torch.float64) * 2 - 1).to("cuda", torch.float32)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    s = sinks.clone().requires_grad_()
+    out, lse = ft.attention(*leaves, causal=True, sinks=s, return_lse=True)
+    ((out * dout).float().sum() + (lse * dlse).sum()).backward()
+    got = [x.grad for x in leaves]
+    o, l = flashtile.attention(q, k, v, causal=True, sinks=sinks, return_lse=True)
+    direct = flashtile.attention_backward(dout, q, k, v, o, l, causal=True, sinks=sinks,
+                                          dlse=dlse, backend="cuda_mma")
+    assert max_err(got[0], direct[0]) <= 1e-3
+    for a, b in zip(got[1:] + [s.grad], direct[1:]):
+        assert torch.equal(a, b)
+
+    def math_grads(prec):
+        """d(Σ out∘dout + Σ lse∘dlse) of attention written out in `prec` (bottom-right causal,
+        the sink a score column with no value)."""
+        xs = [x.detach().to(prec).transpose(1, 2).clone().requires_grad_() for x in (q, k, v)]
+        sk = xs[1].repeat_interleave(2, dim=1)
+        sv = xs[2].repeat_interleave(2, dim=1)
+        scores = xs[0] @ sk.transpose(-1, -2) * 128 ** -0.5
+        i = torch.arange(130, device="cuda")[:, None]
+        j = torch.arange(200, device="cuda")[None, :]
+        scores = scores.masked_fill(j > i + 200 - 130, float("-inf"))
+        sink = sinks.to(prec).reshape(1, 4, 1, 1).expand(2, 4, 130, 1).clone().requires_grad_()
+        full = torch.cat([scores, sink], dim=-1)
+        lse_ = torch.logsumexp(full, dim=-1)
+        p = torch.exp(full - lse_[..., None])[..., :-1]
+        o_ = p @ sv
+        ((o_ * dout.transpose(1, 2).to(prec)).sum() + (lse_ * dlse.to(prec)).sum()).backward()
+        return [xs[0].grad.transpose(1, 2), xs[1].grad.transpose(1, 2),
+                xs[2].grad.transpose(1, 2), sink.grad.sum((0, 2, 3))]
+
+    want, ref16 = math_grads(torch.float64), math_grads(dt)
+    for g, w, r in zip(got, want[:3], ref16[:3]):
+        assert max_err(g, w) <= 2 * max_err(r, w) + 1e-4
+    assert rel(s.grad.cpu().double().numpy(), want[3].cpu().numpy()) <= 3e-2

@@ -248,7 +248,7 @@ def test_vmap_varlen(rng):
 #
 # Which backward runs: the kernels (flashtile::backward as the custom call
 # flashtile_attention[_varlen]_backward) where the library serves the call (a gradient into
-# lse too, one head dim wider), else the interim jnp reference (differentiated ALiBi slopes,
+# lse too, as the call's dlse operand), else the interim jnp reference (differentiated ALiBi slopes,
 # a platform without a backward backend). `backward_path` reads it from the lowered program.
 
 GRAD_VARIANTS = {"full": {}, "causal": {"causal": True}, **VARIANTS}
@@ -388,8 +388,8 @@ LSE_GRAD_CASES = [(variant, "float32") for variant in GRAD_VARIANTS] + [
 
 @pytest.mark.parametrize("variant, dtype", LSE_GRAD_CASES, ids=str)
 def test_grad_through_lse_and_slopes_matches_the_double_oracle(rng, variant, dtype):
-    # A gradient into the returned lse too: the kernels one head dim wider
-    # (_with_lse_cotangent); differentiated ALiBi slopes: the reference.
+    # A gradient into the returned lse too: the kernels, which take it as their dlse operand
+    # (Options::dlse); differentiated ALiBi slopes: the reference.
     dtype = DTYPES[dtype]
     options = make_options(rng, 2, 4, GRAD_VARIANTS[variant])
     arrays, static = split_static(jax_options(options))
@@ -519,6 +519,26 @@ def test_vmap_of_grad_folds_into_one_backward_call(rng):
     assert_grads_close([jax.jit(jax.vmap(ours))(qs)], [jax.jit(jax.vmap(want))(qs)])
 
 
+def test_vmap_of_grad_through_lse_folds_dlse_with_the_batch(rng):
+    # The lse's cotangent (batch, heads, seqlen_q) leads with the batch as q does: it folds
+    # into the one backward call with the tensors.
+    qs = to_jax(rng.uniform(-1, 1, (3, 2, 10, 2, 8)).astype(np.float32))
+    k, v = (to_jax(x) for x in random_case(rng, 2, 12, 12, 2, 2, 8)[1:])
+    lse_weights = to_jax(rng.uniform(-1, 1, (3, 2, 2, 10)).astype(np.float32))
+
+    def loss(attention, **kw):
+        def fn(q, w):
+            out, lse = attention(q, k, v, causal=True, softcap=2.0, **kw)
+            return jnp.sum(out ** 2) + jnp.sum(lse * w)
+        return jax.grad(fn)
+
+    ours = loss(ftj.attention, return_lse=True)
+    assert ffi_calls(jax.vmap(ours), qs, lse_weights) == 2  # forward and backward, folded
+    assert backward_path(jax.vmap(ours), qs, lse_weights) == "kernels"
+    assert_grads_close([jax.jit(jax.vmap(ours))(qs, lse_weights)],
+                       [jax.jit(jax.vmap(loss(jnp_attention)))(qs, lse_weights)])
+
+
 def test_vmap_of_grad_with_sinks_runs_the_slices_in_turn(rng):
     # dsinks sums over the batch, so the mapped axis cannot fold into it.
     qs, ks, vs = (to_jax(np.stack(x)) for x in zip(*[random_case(rng, 2, 9, 14, 4, 2, 8)
@@ -584,8 +604,9 @@ def test_varlen_kernel_grad_matches_the_double_oracle_per_sequence(rng, dtype, w
     argnums, args = (0, 1, 2, 3), (q, k, v, sinks)
     compiled, path, hlo = compiled_with_path(jax.grad(packed, argnums), *args, hlo=True)
     assert path == "kernels"
-    # The gradient into lse rides one more head dim (16 -> 17) through the kernels.
-    assert bool(re.search(r"tensor<20x4x17x", hlo)) == with_lse
+    # The gradient into lse is the backward call's dlse operand: the head dim stays 16.
+    assert "x17x" not in hlo
+    assert bool(re.search(r"has_dlse = true", hlo)) == with_lse
     got = compiled(*args)
     oracle = oracle_grad(plain(jnp.float64), argnums, args)
     lowprec = got if dtype == jnp.float32 else jax.jit(jax.grad(plain(dtype), argnums))(*args)
@@ -836,3 +857,43 @@ def test_cuda_grad_matches_the_double_oracle(rng, variant, dtype):
                     *as64((q, k, v)))
         extra = {"dsinks": sinks_accumulation_bound(sinks, out64, lse64, weights, dtype)}
     check_grads(["dq", "dk", "dv", "dsinks"], got, oracle, lowprec, dtype, extra)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cuda_grad_through_lse_at_head_dim_128_takes_the_kernels(rng, dtype):
+    # A gradient into the lse at head_dim 128: the backward call's dlse operand, so cuda_mma
+    # serves it (the old one-head-dim-wider route asked it for 129 and fell back).
+    gpu = _gpu()
+    dtype = DTYPES[dtype]
+    options = make_options(rng, 2, 4, GRAD_VARIANTS["everything"])
+    arrays, static = split_static(jax_options(options))
+    arrays.pop("alibi_slopes", None)  # differentiated slopes would take the reference
+    q, k, v = (to_jax(x, dtype) for x in random_case(rng, 2, 70, 130, 4, 2, 128))
+    weights = to_jax(rng.uniform(-1, 1, q.shape).astype(np.float32), dtype).astype(jnp.float32)
+    lse_weights = to_jax(rng.uniform(-1, 1, (2, 4, 70)).astype(np.float32))
+
+    def loss(attention, **kw):
+        def fn(q, k, v, a):
+            out, lse = attention(q, k, v, **a, **static, **kw)
+            return jnp.sum(out.astype(jnp.float32) * weights) + jnp.sum(
+                jnp.where(jnp.isfinite(lse), lse, 0.0) * lse_weights)
+        return fn
+
+    argnums, args = (0, 1, 2, 3), (q, k, v, arrays)
+    on_gpu = jax.device_put(args, gpu)
+    compiled, path = compiled_with_path(jax.grad(loss(ftj.attention, return_lse=True), argnums),
+                                        *on_gpu)
+    assert path == "kernels"
+    got = jax.device_get(compiled(*on_gpu))
+    oracle = oracle_grad(loss(jnp_attention, compute_dtype=jnp.float64), argnums, args)
+    lowprec = jax.jit(jax.grad(loss(jnp_attention, compute_dtype=dtype), argnums))(*args)
+    names = sorted(arrays)
+    flat = lambda grads: [*grads[:3], *(grads[3][n] for n in names)]
+    extra = None
+    if "sinks" in arrays:
+        with jax.enable_x64(True):
+            out64, lse64 = jax.jit(lambda *a: jnp_attention(
+                *a, **arrays, compute_dtype=jnp.float64, **static))(*as64((q, k, v)))
+        extra = {"sinks": sinks_accumulation_bound(arrays["sinks"], out64, lse64, weights,
+                                                    dtype)}
+    check_grads(["dq", "dk", "dv", *names], flat(got), flat(oracle), flat(lowprec), dtype, extra)

@@ -3,8 +3,9 @@
 // dtype the backend takes) and random variants (windows, softcap, ALiBi, sinks, varlen
 // batches with empty and length-1 sequences and seqused_k) for the backends that take them.
 // `--pass bwd` checks the gradients instead (dq, dk, dv, dsinks against the oracle's, the
-// backward rule of flashtile/reference.hpp) for the backends that have a backward pass.
-// Exits 1 on any failure.
+// backward rule of flashtile/reference.hpp) for the backends that have a backward pass; a
+// third of its draws also give a random gradient into the LSE (options.dlse; " dlse" after
+// the shape in a FAIL line). Exits 1 on any failure.
 #include <omp.h>
 
 #include <algorithm>
@@ -132,7 +133,8 @@ ReferenceGradients reference_gradients(Workload& work, ReferencePrecision precis
   const AttentionCase& h = work.host;
   const Gradients& g = work.gradients();
   const std::optional<Varlen> varlen = h.varlen();
-  const Options options = h.reference_options();
+  Options options = h.reference_options();
+  options.dlse = g.dlse.empty() ? nullptr : g.dlse.data();
   return varlen ? reference_attention_backward_varlen(h.q.view, h.k.view, h.v.view, g.dout.view,
                                                       *varlen, options, precision)
                 : reference_attention_backward(h.q.view, h.k.view, h.v.view, g.dout.view,
@@ -207,9 +209,10 @@ void check_gradients(Workload& work, Backend backend, std::optional<ReferenceGra
   if (!outcome.passed) {
     char line[640];
     std::snprintf(line, sizeof line,
-                  "FAIL %s %s: dq err %.3g (bound %.3g), dk err %.3g (bound %.3g), dv err %.3g "
+                  "FAIL %s %s%s: dq err %.3g (bound %.3g), dk err %.3g (bound %.3g), dv err %.3g "
                   "(bound %.3g), dsinks err %.3g (bound %.3g)\n",
                   std::string(backend_name(backend)).c_str(), work.host.shape.describe().c_str(),
+                  g.dlse.empty() ? "" : " dlse",
                   v.dq_error, v.dq_bound, v.dk_error, v.dk_bound, v.dv_error, v.dv_bound,
                   v.dsinks_error, v.dsinks_bound);
     outcome.failure = line;
@@ -221,10 +224,14 @@ void check_gradients(Workload& work, Backend backend, std::optional<ReferenceGra
 DrawResult run_draw(const Shape& base, uint32_t seed, const std::vector<Backend>& wanted,
                     Pass pass) {
   DrawResult result;
+  // A third of the backward's draws also take a random gradient into the LSE; drawn from
+  // the draw's own seed, so the shapes stay those of the shared generator.
+  const bool lse_gradient = pass == Pass::bwd && std::mt19937(seed ^ 0x4c5345u)() % 3 == 0;
   for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
     Shape shape = base;
     shape.dtype = dtype;
     Workload work(shape, seed);
+    if (lse_gradient) work.gradients().draw_lse_gradient(seed);
     result.variant = host_params(work).has_variant();
     std::optional<ReferenceResult> exact, lowprec;
     std::optional<ReferenceGradients> exact_grads, lowprec_grads;

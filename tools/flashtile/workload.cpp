@@ -42,6 +42,13 @@ Gradients::Gradients(const AttentionCase& h)
   dout.fill_random(rng);
 }
 
+void Gradients::draw_lse_gradient(uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  dlse.resize(size_t(dq.view.shape[0] * dq.view.shape[1] * dq.view.shape[2]));
+  for (float& g : dlse) g = uniform(rng);
+}
+
 Gradients& Workload::gradients() {
   if (!grads) grads = std::make_unique<Gradients>(host);
   return *grads;
@@ -52,7 +59,8 @@ DeviceGradients::DeviceGradients(const Gradients& g, int device_index)
       dq(g.dq, device_index),
       dk(g.dk, device_index),
       dv(g.dv, device_index),
-      dsinks(g.dsinks, device_index) {}
+      dsinks(g.dsinks, device_index),
+      dlse(g.dlse, device_index) {}
 
 DeviceGradients& Workload::device_gradients() {
   if (!device_grads) device_grads = std::make_unique<DeviceGradients>(gradients());
@@ -253,6 +261,7 @@ BackwardCall make_backward_call(Workload& work, Backend backend) {
     Options o = d.options(work.host, backend);
     o.lse = nullptr;  // an argument of backward
     o.dsinks = dg.dsinks.data();
+    o.dlse = dg.dlse.data();
     return {d.q.view, d.k.view, d.v.view, d.out.view, dg.dout.view, dg.dq.view, dg.dk.view,
             dg.dv.view, static_cast<const float*>(d.lse.data()), d.varlen(work.host), o};
   }
@@ -260,6 +269,7 @@ BackwardCall make_backward_call(Workload& work, Backend backend) {
   Options o = h.reference_options();
   o.backend = backend;
   o.dsinks = g.dsinks.empty() ? nullptr : g.dsinks.data();
+  o.dlse = g.dlse.empty() ? nullptr : g.dlse.data();
   return {h.q.view, h.k.view, h.v.view, h.out.view, g.dout.view, g.dq.view, g.dk.view,
           g.dv.view, h.lse.data(), h.varlen(), o};
 }
@@ -319,16 +329,19 @@ GradientVerification verify_gradients_of(const Workload& work) {
   const AttentionCase& h = work.host;
   const Gradients& g = *work.grads;
   const std::optional<Varlen> varlen = h.varlen();
+  Options o = h.reference_options();
+  o.dlse = g.dlse.empty() ? nullptr : g.dlse.data();
   return verify_backward(h.q.view, h.k.view, h.v.view, g.dout.view, g.dq.view, g.dk.view,
-                         g.dv.view, g.dsinks.empty() ? nullptr : g.dsinks.data(),
-                         h.reference_options(), varlen ? &*varlen : nullptr);
+                         g.dv.view, g.dsinks.empty() ? nullptr : g.dsinks.data(), o,
+                         varlen ? &*varlen : nullptr);
 }
 
 double gradient_max_abs_error(const Workload& work) {
   const AttentionCase& h = work.host;
   const Gradients& g = *work.grads;
   const std::optional<Varlen> varlen = h.varlen();
-  const Options o = h.reference_options();
+  Options o = h.reference_options();
+  o.dlse = g.dlse.empty() ? nullptr : g.dlse.data();
   const ReferenceGradients ref =
       varlen ? reference_attention_backward_varlen(h.q.view, h.k.view, h.v.view, g.dout.view,
                                                    *varlen, o)

@@ -28,13 +28,16 @@ struct VariantValues {
 struct Gradients {
   testing::HostTensor dout, dq, dk, dv;
   std::vector<float> dsinks;  // heads_q with sinks, else empty
+  std::vector<float> dlse;    // options.dlse: the LSE's shape when drawn, else empty
   explicit Gradients(const AttentionCase& host);
+  // A random gradient into the LSE (uniform in [-1, 1]), before the first backward call.
+  void draw_lse_gradient(uint32_t seed);
 };
 
 // The same on the GPU, for CUDA backends' backward (copied back into Gradients to verify).
 struct DeviceGradients {
   testing::DeviceTensor dout, dq, dk, dv;
-  testing::DeviceArray<float> dsinks;
+  testing::DeviceArray<float> dsinks, dlse;
   explicit DeviceGradients(const Gradients& host, int device_index = 0);
 };
 

@@ -191,6 +191,9 @@ __global__ void __launch_bounds__(256) backward_rowsum_kernel(const BackwardPara
     for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     const int64_t at = seq.lse_index(p, b, h, row);
     if (lane == 0) {
+      // A gradient g into the LSE adds g·P to dS: D' = D − g serves for D, here and in
+      // the sinks' partials (docs/BACKWARD.md).
+      if (bp.dlse != nullptr) sum -= bp.dlse[at];
       ws.d[at] = sum;
       const float lse = p.lse[at];
       if (p.sinks != nullptr && lse != -INFINITY) sink_sum -= expf(sink - lse) * sum;
