@@ -10,6 +10,12 @@
 //   forward s=N  the forward kernel alone, N key splits (hold in front; N = 1 writes out)
 //   combine      the split-KV combine alone, after a forward of --splits splits
 //   pair ...     forward + combine, normal launch and programmatic dependent launch
+//   host: ...    the host steps of one call on their own, each the mean of a batch of calls
+//                (median of 15 batches): the validator, plan() (validator, backend choice,
+//                split plan), the device guard (cudaGetDevice + two cudaSetDevice), a
+//                stream-ordered allocation and free of the partials from a pool like the
+//                backend's, and the submission of an empty kernel, of the forward (16
+//                splits) and of the combine; what `host` above adds up, step by step
 // The per-split forward times give a CTA's fixed cost (intercept) and its cost per key tile
 // (slope: 32 key tiles per query block are shared among N splits).
 //
@@ -27,6 +33,7 @@
 
 #include "api/params.hpp"
 #include "cuda/05_tf32x3/kernel.cuh"
+#include "cuda/device_guard.cuh"
 #include "flashtile/device.hpp"
 #include "flashtile/flashtile.hpp"
 
@@ -175,6 +182,56 @@ int main(int argc, char** argv) {
       detail::tf32x3::run_tf32x3_forward<64>(p, args, precision, stream);
       detail::launch_split_kv_combine<float>(p, args.partials, stream, overlap);
     });
+  // The host steps, each timed over batches of calls with the GPU left to drain between
+  // batches (a full launch queue would block the host and count the GPU's time instead).
+  auto host_step_us = [&](const char* what, int batch, auto&& body) {
+    for (int i = 0; i < batch; ++i) body();
+    check(cudaDeviceSynchronize(), what);
+    std::vector<double> us;
+    for (int r = 0; r < 15; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < batch; ++i) body();
+      const auto t1 = std::chrono::steady_clock::now();
+      us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / batch);
+      check(cudaDeviceSynchronize(), what);
+    }
+    rows.push_back({what, median(us)});
+    std::printf("%-28s %8.2f us\n", what, rows.back().us);
+  };
+  volatile int64_t kept_result = 0;  // keeps the timed calls' results alive
+  host_step_us("host: validate", 1000, [&] {
+    const AttentionParams q_params = detail::validate({tq, tk, tv, &tout, nullptr, o, "breakdown"});
+    kept_result = q_params.head_dim;
+  });
+  host_step_us("host: plan()", 1000, [&] {
+    const Plan again = plan(tq, tk, tv, tout, o);
+    kept_result = again.workspace_bytes;
+  });
+  host_step_us("host: device guard", 1000, [&] { const detail::DeviceGuard on_device(0); });
+  {
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = 0;
+    cudaMemPool_t pool = nullptr;
+    check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
+    uint64_t keep = uint64_t(64) << 20;
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "pool threshold");
+    const size_t bytes = static_cast<size_t>(planned.workspace_bytes);
+    host_step_us("host: pool alloc + free", 200, [&] {
+      void* at = nullptr;
+      check(cudaMallocFromPoolAsync(&at, bytes, pool, stream), "cudaMallocFromPoolAsync");
+      check(cudaFreeAsync(at, stream), "cudaFreeAsync");
+    });
+    check(cudaMemPoolDestroy(pool), "cudaMemPoolDestroy");
+  }
+  host_step_us("host: empty launch", 200, [&] { empty_kernel<<<1, 32, 0, stream>>>(); });
+  host_step_us("host: forward launch", 20, [&] {
+    detail::tf32x3::run_tf32x3_forward<64>(p, args, precision, stream);
+  });
+  host_step_us("host: combine launch", 20, [&] {
+    detail::launch_split_kv_combine<float>(p, args.partials, stream, true);
+  });
   if (!csv.empty()) {
     std::ofstream f(csv);
     f << "what,us\n";

@@ -99,7 +99,35 @@ Overlap views_overlap(const StridedBytes& a, const StridedBytes& b) {
   return Search(std::move(terms)).solve(-(a.element_bytes - 1) - base, (b.element_bytes - 1) - base);
 }
 
+// Whether the dimensions nest: sorted by |stride|, each at least the bytes the smaller ones
+// span. Then the dimension of the highest index where two elements differ moves them further
+// apart than all the others can bring them back, so no byte is shared: every packed or padded
+// layout, settled without the search (and its allocations) on every call that validates one.
+static bool strides_nest(const StridedBytes& view) {
+  struct Dim {
+    Wide stride, extent;
+  };
+  Dim dims[8];
+  int n = 0;
+  for (size_t i = 0; i < view.extents.size(); ++i) {
+    if (view.extents[i] == 1) continue;
+    if (n == 8) return false;  // the search decides
+    const Wide stride = view.byte_strides[i] < 0 ? -Wide(view.byte_strides[i]) : Wide(view.byte_strides[i]);
+    int at = n++;  // insertion by stride
+    for (; at > 0 && dims[at - 1].stride > stride; --at) dims[at] = dims[at - 1];
+    dims[at] = {stride, view.extents[i]};
+  }
+  Wide span = view.element_bytes;  // bytes covered by the dimensions below
+  for (int i = 0; i < n; ++i) {
+    if (dims[i].stride < span) return false;
+    span += dims[i].stride * (dims[i].extent - 1);  // span <= 2^64 + 2^126 here: no wrap
+    if (span > (Wide(1) << 64)) return false;        // past any address space: the search decides
+  }
+  return true;
+}
+
 Overlap self_overlap(const StridedBytes& view) {
+  if (strides_nest(view)) return Overlap::no;
   // Two distinct elements x != x' overlap when Σ s_i·δ_i lies in (-e, e) for δ = x - x' != 0.
   // By symmetry the first non-zero δ_k is positive: one search per k.
   std::vector<Term> dims;

@@ -33,7 +33,9 @@ bool overlaps(const Footprint& a, const Footprint& b) {
 
 class Validator {
  public:
-  explicit Validator(const CallArgs& call) : call_(call) {}
+  explicit Validator(const CallArgs& call) : call_(call) {
+    inputs_.reserve(8);  // q, k, v, slopes, sinks, out, dout, lse: no regrowth per call
+  }
   AttentionParams run();
   BackwardParams run_backward(const BackwardArgs& grads);
 

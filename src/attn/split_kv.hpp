@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "attn/block_range.hpp"
 #include "attn/softmax_state.hpp"
@@ -52,6 +53,40 @@ FT_HOST_DEVICE T combine_partials(const T* partial_lse, int splits, T sink, bool
   add_sink(state, sink);
   const T shift = safe_shift(state.m), scale = output_scale(state);
   for (int s = 0; s < splits; ++s) weight[s] = softmax_exp(partial_lse[s] - shift) * scale;
+  return log_sum_exp(state);
+}
+
+// combine_partials for registers: the same weights and LSE (same NaN rule, same sink), with
+// the split count bounded at compile time so that a GPU thread keeps both arrays in registers
+// (fully unrolled, no stack) and no step waits on the previous split. The largest LSE comes
+// first, then every exponential independently, then their sum in split order: so the
+// denominator rounds differently from combine_partials' chain of merges (a few ulp), and the
+// result is the same from run to run. Entries from `splits` on are ignored; their weights
+// are 0. cpu_flash keeps combine_partials; tests/cpu/test_split_kv_combine.cpp holds the two
+// to each other.
+template <int kMaxSplits, class T>
+FT_HOST_DEVICE T combine_partials_unrolled(const T (&partial_lse)[kMaxSplits], int splits, T sink,
+                                           bool row_sees_keys, T (&weight)[kMaxSplits]) {
+  constexpr T kEmpty = -std::numeric_limits<T>::infinity();
+  T row_max = kEmpty;  // a NaN LSE never wins here; it reaches the denominator below
+  FT_UNROLL
+  for (int s = 0; s < kMaxSplits; ++s) {
+    const T lse = s < splits ? partial_lse[s] : kEmpty;
+    row_max = lse > row_max ? lse : row_max;
+  }
+  // A partial's state is (lse, 1): relative to row_max it adds exp(lse - row_max) to l.
+  const T shift = safe_shift(row_max);
+  T denominator = T(0);
+  FT_UNROLL
+  for (int s = 0; s < kMaxSplits; ++s) {
+    weight[s] = softmax_exp(s < splits ? partial_lse[s] - shift : kEmpty);  // a select, no branch
+    denominator += weight[s];
+  }
+  SoftmaxState<T> state{row_max, denominator};
+  nan_if_no_finite_score(state, row_sees_keys);
+  const T scale = add_sink(state, sink) * output_scale(state);
+  FT_UNROLL
+  for (int s = 0; s < kMaxSplits; ++s) weight[s] = s < splits ? weight[s] * scale : T(0);
   return log_sum_exp(state);
 }
 

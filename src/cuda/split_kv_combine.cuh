@@ -2,8 +2,9 @@
 // forward into out and lse. The first half is the forward kernel itself, which runs each
 // (query block, head, batch entry) tile `splits` times, once per split_key_blocks() range,
 // and writes a partial output normalised by its own denominator plus its log-sum-exp (no
-// NaN rule, no sink: those belong to the whole row). combine_partials (src/attn/split_kv.hpp)
-// turns a row's partial LSEs into weights and the row's LSE, exactly as cpu_flash does.
+// NaN rule, no sink: those belong to the whole row). combine_partials_unrolled
+// (src/attn/split_kv.hpp) turns a row's partial LSEs into weights and the row's LSE with the
+// rules of cpu_flash's combine_partials, in registers.
 // Any kernel family can use it: the partials are fp32 whatever the output dtype.
 //
 // On sm_90+ the combine can be a programmatic dependent launch: its CTAs are scheduled
@@ -11,14 +12,15 @@
 // allow_dependent_launch() or exited) and wait in griddepcontrol.wait until the forward grid
 // has completed and its writes are visible, so the combine's launch latency and its index
 // set-up can hide behind the forward's tail. On the write-up's case (H200) that saved nothing
-// measurable, 22.4 vs 21.9 us for the pair: the combine's own per-row chain dominates there
-// (docs/JOURNEY.md, step 2b).
+// measurable, 22.4 vs 21.9 us for the pair, with the earlier combine whose rows merged their
+// 16 partials one after another through a stack (docs/JOURNEY.md, step 2b).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <string>
 
 #include "api/params.hpp"
 #include "attn/seqlen.hpp"
@@ -86,10 +88,14 @@ __device__ __forceinline__ void store_output(__nv_bfloat16* to, float x) {
   *to = __float2bfloat16_rn(x);
 }
 
-// One warp per row: every lane merges the row's LSEs itself (at most kMaxSplits), then the
-// lanes share its columns. Grid: x = query blocks · (block_m / rows per CTA), y = heads,
-// z = batch; kRowsPerCta rows per CTA.
-template <class T, int kRowsPerCta>
+// One warp per row. Every lane loads the row's LSEs and its own columns of every partial
+// first (all loads independent, one memory round trip), weighs the partials with
+// combine_partials_unrolled (registers only: the split count is bounded by kMaxSplits at
+// compile time) and sums its columns. Lane l holds the column pairs 2l + 64j of the
+// workspace row (pitch <= 64 · kPairsPerLane), so a warp's loads of one split are whole
+// 256-byte lines. Grid: x = query blocks · (block_m / rows per CTA), y = heads, z = batch;
+// kRowsPerCta rows per CTA.
+template <class T, int kRowsPerCta, int kPairsPerLane>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
     combine_split_kv_kernel(const AttentionParams p, const SplitPartials parts) {
   const int lane = threadIdx.x % 32;
@@ -102,23 +108,48 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
   if (row >= seq.seqlen_q) return;
   const Mask<int> mask = seq.mask(p);
   const int64_t tile = parts.tile(b, h, p.heads_q, query_block);
+  const int splits = parts.splits;
   // Everything above reads only p; the partials exist once the forward grid is done.
   wait_for_prerequisite_grids();
 
-  float partial_lse[kMaxSplits], weight[kMaxSplits];
+  // Split s + 1 of this row lies block_m rows after split s.
+  const float* lse_of_split = parts.lse + parts.row_index(tile, 0, local_row);
+  const float* out_of_split = parts.out_row(tile, 0, local_row) + 2 * lane;  // pair j = 0
+  const int64_t out_split_stride = int64_t(parts.block_m) * parts.pitch;
+  bool pair_in_row[kPairsPerLane];
 #pragma unroll
-  for (int s = 0; s < kMaxSplits; ++s)
-    partial_lse[s] = s < parts.splits ? parts.lse[parts.row_index(tile, s, local_row)] : 0.0f;
-  const float row_lse = combine_partials(partial_lse, parts.splits, sink_logit<float>(p, h),
-                                         mask.visible_keys(row) > 0, weight);
+  for (int j = 0; j < kPairsPerLane; ++j) pair_in_row[j] = 64 * j + 2 * lane < parts.pitch;
+  float partial_lse[kMaxSplits];
+  float2 partial_out[kMaxSplits][kPairsPerLane];  // (split, this lane's column pair j)
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    partial_lse[s] = s < splits ? *lse_of_split : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPairsPerLane; ++j)
+      partial_out[s][j] = s < splits && pair_in_row[j]
+                              ? *reinterpret_cast<const float2*>(out_of_split + 64 * j)
+                              : make_float2(0.0f, 0.0f);
+    lse_of_split += parts.block_m;
+    out_of_split += out_split_stride;
+  }
+  float weight[kMaxSplits];
+  const float row_lse = combine_partials_unrolled(partial_lse, splits, sink_logit<float>(p, h),
+                                                  mask.visible_keys(row) > 0, weight);
 
   T* out_row = static_cast<T*>(p.o) + seq.o_offset(p, b, row, h);
-  for (int c = lane; c < p.head_dim; c += 32) {
-    float x = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPairsPerLane; ++j) {
+    const int col = 64 * j + 2 * lane;
+    float x0 = 0.0f, x1 = 0.0f;
 #pragma unroll
     for (int s = 0; s < kMaxSplits; ++s)
-      if (s < parts.splits) x += weight[s] * parts.out_row(tile, s, local_row)[c];
-    store_output(out_row + c, x);
+      if (s < splits) {
+        x0 += weight[s] * partial_out[s][j].x;
+        x1 += weight[s] * partial_out[s][j].y;
+      }
+    // out rows need not be 8-byte aligned: two scalar stores.
+    if (col < p.head_dim) store_output(out_row + col, x0);
+    if (col + 1 < p.head_dim) store_output(out_row + col + 1, x1);
   }
   if (p.lse != nullptr && lane == 0) p.lse[seq.lse_index(p, b, h, row)] = row_lse;
 }
@@ -132,6 +163,15 @@ void launch_split_kv_combine(const AttentionParams& p, const SplitPartials& part
   constexpr int kRowsPerCta = 4;
   if (parts.block_m % kRowsPerCta != 0)
     throw Error(ErrorKind::runtime, "split-KV combine: block_m must be a multiple of 4");
+  // float2 loads of the partials: rows of an even pitch stay 8-byte aligned.
+  if (parts.pitch % 2 != 0 || parts.pitch > 128 || parts.pitch < p.head_dim)
+    throw Error(ErrorKind::runtime,
+                "split-KV combine: the partials' pitch must be even, at most 128 and at least "
+                "head_dim; got " + std::to_string(parts.pitch));
+  if (parts.splits < 1 || parts.splits > kMaxSplits)
+    throw Error(ErrorKind::runtime, "split-KV combine: splits must lie in [1, " +
+                                        std::to_string(kMaxSplits) + "]; got " +
+                                        std::to_string(parts.splits));
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(parts.query_blocks * (parts.block_m / kRowsPerCta)),
                         static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
@@ -143,8 +183,12 @@ void launch_split_kv_combine(const AttentionParams& p, const SplitPartials& part
   programmatic.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &programmatic;
   config.numAttrs = overlap_with_producer ? 1 : 0;
-  check_cuda(cudaLaunchKernelEx(&config, combine_split_kv_kernel<T, kRowsPerCta>, p, parts),
-             "cudaLaunchKernelEx(combine_split_kv_kernel)");
+  // One column pair per lane up to a pitch of 64, two up to 128.
+  const cudaError_t status =
+      parts.pitch <= 64
+          ? cudaLaunchKernelEx(&config, combine_split_kv_kernel<T, kRowsPerCta, 1>, p, parts)
+          : cudaLaunchKernelEx(&config, combine_split_kv_kernel<T, kRowsPerCta, 2>, p, parts);
+  check_cuda(status, "cudaLaunchKernelEx(combine_split_kv_kernel)");
   check_launch("combine_split_kv_kernel");
 }
 

@@ -49,26 +49,47 @@ DeviceFacts read_device_facts(int device) {
   facts.compute_capability = major * 10 + minor;
   return facts;
 }
-const DeviceFacts& device_facts(int device) {
+// The facts of `device`, read once; null, with `why` set, when the device cannot be queried
+// (a bad index: asked again on the next call, which fails the same way).
+const DeviceFacts* find_device_facts(int device, std::string& why) {
   static std::mutex mutex;
   static auto* facts = new std::map<int, DeviceFacts>();  // lives as long as the process
   const std::lock_guard<std::mutex> lock(mutex);
-  if (auto found = facts->find(device); found != facts->end()) return found->second;
-  return facts->emplace(device, read_device_facts(device)).first->second;
+  if (auto found = facts->find(device); found != facts->end()) return &found->second;
+  if (const ComputeCapability cc = compute_capability(device); !cc.why.empty()) {
+    why = cc.why;
+    return nullptr;
+  }
+  return &facts->emplace(device, read_device_facts(device)).first->second;
+}
+// The facts of a device the call has already been checked against (device_unsuitable).
+const DeviceFacts& device_facts(int device) {
+  std::string why;
+  const DeviceFacts* facts = find_device_facts(device, why);
+  if (facts == nullptr) throw Error(ErrorKind::runtime, why);
+  return *facts;
 }
 
+// From the cached facts: the driver is asked once per device, not on every call.
 std::string device_unsuitable(int device_index) {
-  const ComputeCapability cc = compute_capability(device_index);
-  if (!cc.why.empty()) return cc.why;
-  if (cc.number() < kMinComputeCapability)
+  std::string why;
+  const DeviceFacts* facts = find_device_facts(device_index, why);
+  if (facts == nullptr) return why;
+  if (const int cc = facts->compute_capability; cc < kMinComputeCapability)
     return "cuda_tf32x3 needs compute capability >= 8.0 (sm_80); device " +
-           std::to_string(device_index) + " has " + cc.text();
+           std::to_string(device_index) + " has " + std::to_string(cc / 10) + "." +
+           std::to_string(cc % 10);
   return "";
 }
 
+// Whether the backend can run at all (a CUDA device, device 0 sm_80+): the same answer for
+// the whole process, so it is worked out on the first call only.
 std::string tf32x3_unavailable() {
-  if (std::string why = cuda_backend_unavailable(); !why.empty()) return why;
-  return device_unsuitable(0);
+  static const std::string reason = [] {
+    if (std::string why = cuda_backend_unavailable(); !why.empty()) return why;
+    return device_unsuitable(0);
+  }();
+  return reason;
 }
 
 // The geometry of the kernel that serves a head dim.
