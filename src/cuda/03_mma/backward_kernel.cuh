@@ -242,6 +242,19 @@ __device__ __forceinline__ float logit_and_derivative(const LogitsTransform<floa
   }
 }
 
+// Adds (a, b) to the two fp32 at `to` (8-byte aligned): one vector reduction on sm_90
+// (half the L2 atomic requests of two scalar ones), two atomics before it. Either way each
+// element gets one add, so deterministic mode's fixed order is unchanged.
+__device__ __forceinline__ void atomic_add_pair(float* to, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(to), "f"(a), "f"(b)
+               : "memory");
+#else
+  atomicAdd(to, a);
+  atomicAdd(to + 1, b);
+#endif
+}
+
 template <class T, class Cfg, class Logits, bool kAligned>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     mma_backward_kernel(const BackwardParams bp, const BackwardScratch ws) {
@@ -511,10 +524,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       if (row < seq.seqlen_q) {
         float* acc = ws.dq + seq.row_offset_q(ws.dq_strides, b, row, h) + dq_col0 + 2 * t;
 #pragma unroll
-        for (int dt = 0; dt < Cfg::kDqDTiles; ++dt) {
-          atomicAdd(acc + dt * 8, dq[dt][2 * half]);
-          atomicAdd(acc + dt * 8 + 1, dq[dt][2 * half + 1]);
-        }
+        for (int dt = 0; dt < Cfg::kDqDTiles; ++dt)
+          atomic_add_pair(acc + dt * 8, dq[dt][2 * half], dq[dt][2 * half + 1]);
       }
     }
     if (bp.deterministic) {
