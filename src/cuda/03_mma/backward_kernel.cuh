@@ -242,16 +242,19 @@ __device__ __forceinline__ float logit_and_derivative(const LogitsTransform<floa
   }
 }
 
-// Adds (a, b) to the two fp32 at `to` (8-byte aligned): one vector reduction on sm_90
-// (half the L2 atomic requests of two scalar ones), two atomics before it. Either way each
+// Adds v to the four fp32 at `to` (16-byte aligned): one vector reduction on sm_90 (a
+// quarter of the L2 atomic requests of scalar ones), four atomics before it. Either way each
 // element gets one add, so deterministic mode's fixed order is unchanged.
-__device__ __forceinline__ void atomic_add_pair(float* to, float a, float b) {
+__device__ __forceinline__ void atomic_add_quad(float* to, float4 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(to), "f"(a), "f"(b)
+  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(to), "f"(v.x),
+               "f"(v.y), "f"(v.z), "f"(v.w)
                : "memory");
 #else
-  atomicAdd(to, a);
-  atomicAdd(to + 1, b);
+  atomicAdd(to, v.x);
+  atomicAdd(to + 1, v.y);
+  atomicAdd(to + 2, v.z);
+  atomicAdd(to + 3, v.w);
 #endif
 }
 
@@ -518,15 +521,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       }
       __syncthreads();
     }
+    // Lanes t and t^1 swap half their tile so that each holds four consecutive columns of
+    // one row (even t: row g, columns 2t..2t+3; odd t: row g+8, columns 2t-2..2t+1), added
+    // with one 16-byte reduction per 8-column tile.
+    const bool upper = (t & 1) != 0;
+    const int dq_row = row0 + dq_mtile * 16 + g + (upper ? 8 : 0);
+    float* const dq_acc = dq_row < seq.seqlen_q
+                              ? ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row, h) + dq_col0 +
+                                    4 * (t / 2)
+                              : nullptr;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = row0 + dq_mtile * 16 + g + 8 * half;
-      if (row < seq.seqlen_q) {
-        float* acc = ws.dq + seq.row_offset_q(ws.dq_strides, b, row, h) + dq_col0 + 2 * t;
-#pragma unroll
-        for (int dt = 0; dt < Cfg::kDqDTiles; ++dt)
-          atomic_add_pair(acc + dt * 8, dq[dt][2 * half], dq[dt][2 * half + 1]);
-      }
+    for (int dt = 0; dt < Cfg::kDqDTiles; ++dt) {
+      const float got0 = __shfl_xor_sync(0xffffffffu, upper ? dq[dt][0] : dq[dt][2], 1);
+      const float got1 = __shfl_xor_sync(0xffffffffu, upper ? dq[dt][1] : dq[dt][3], 1);
+      const float4 quad = upper ? make_float4(got0, got1, dq[dt][2], dq[dt][3])
+                                : make_float4(dq[dt][0], dq[dt][1], got0, got1);
+      if (dq_acc != nullptr) atomic_add_quad(dq_acc + dt * 8, quad);
     }
     if (bp.deterministic) {
       __syncthreads();  // every thread's adds are issued ...
