@@ -13,7 +13,7 @@ inline constexpr int kBackwardHeadDims[] = {64, 128};
 
 template <int kHeadDim>
 struct MmaBackwardTraits;
-// 128 keys (8 warps of 16) x 64 query rows per step, one CTA per SM (81 KB / 145 KB of
+// 128 keys (8 warps of 16) x 64 query rows per step, one CTA per SM (97 KB / 161 KB of
 // shared memory at d=64 / 128, <= 255 registers). Against the first configuration, <D, 64,
 // 4, 2> (64 keys, two CTAs per SM), it loads Q and dO and adds dQ atomically half as often
 // per key. Measured (H200, bf16, one call, 2026-12-01; docs/JOURNEY.md "Step 3b"), TFLOP/s
