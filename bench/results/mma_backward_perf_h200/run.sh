@@ -17,7 +17,8 @@ step() {  # step NAME LIMIT CMD...: log to $L/NAME.log
   timeout $lim "$@" > $L/$name.log 2>&1; local rc=$?
   echo "== $name rc=$rc $((SECONDS-t0))s (at $((SECONDS-T0))s)"; pack; return $rc; }
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader; uname -r; } | tee $L/gpu.txt
-sweep() { step sweep_$1 40 $X/$1/flashtile bench --sweep --pass bwd --backends cuda_mma --dtype bf16 \
+if ! $X/B/flashtile info > $L/info.txt 2>&1; then cat $L/info.txt; ldd $X/B/flashtile; pack; exit 1; fi
+sweep() { step sweep_$1 50 $X/$1/flashtile bench --sweep --pass bwd --backends cuda_mma --dtype bf16 \
   --sweep-head-dims 64,128 --sweep-seqlens 1024,4096,16384 --sweep-causal 0,1 --output $L/sweep_$1.json; }
 for v in B C D E; do sweep $v; done
 geo() { python3 -c "import json,math,sys; r=json.load(open(sys.argv[1])); print(math.exp(sum(math.log(x['tflops']) for x in r)/len(r)))" $L/sweep_$1.json 2>/dev/null || echo 0; }
