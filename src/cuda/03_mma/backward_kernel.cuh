@@ -13,9 +13,10 @@
 //       Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   (each warp: its 16 keys × kBlockM rows, warp-local)
 //       Pᵀ = exp2(logit·log2e − lse·log2e),  dSᵀ = Pᵀ∘(dPᵀ − D)∘∂logit/∂qk
 //       dV += Pᵀ·dO,  dK += dSᵀ·Q  (A operands straight from the accumulators)
-//       dSᵀ -> shared memory;  dQ_i += dS·K  (warps split the kBlockM × d tile) through
-//       fp32 atomics into the workspace accumulator, or, deterministic, the same adds
-//       taken in key-block order behind a per-(batch, head, query block) counter.
+//       dSᵀ -> shared memory (two buffers: one barrier per step);  dQ_i += dS·K  (warps
+//       split the kBlockM × d tile) through 16-byte fp32 reductions into the workspace
+//       accumulator, or, deterministic, the same adds taken in key-block order behind a
+//       per-(batch, head, query block) counter.
 //     Computing the transposed products (keys as the mma's M) is what lets P and dS feed
 //     dV and dK from registers; only dS goes through shared memory, for dQ.
 //  3. backward_dq_kernel converts the fp32 dQ accumulator to q's dtype with dq's strides;
@@ -505,7 +506,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
     for (int ks = 0; ks < Cfg::kKeySteps; ++ks) {
       uint32_t a[4];
-      ptx::ldmatrix_x4_trans(a, smem_base + ds_at + (bn_lane_row + ks * 16) * kDsRowBytes + ds_cols);
+      ptx::ldmatrix_x4_trans(a,
+                             smem_base + ds_at + (bn_lane_row + ks * 16) * kDsRowBytes + ds_cols);
 #pragma unroll
       for (int dp = 0; dp < Cfg::kDqDTiles / 2; ++dp) {
         uint32_t kb[4];
