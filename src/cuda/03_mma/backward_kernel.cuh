@@ -244,9 +244,9 @@ __device__ __forceinline__ float logit_and_derivative(const LogitsTransform<floa
   }
 }
 
-// Adds v to the four fp32 at `to` (16-byte aligned): one vector reduction on sm_90 (a
-// quarter of the L2 atomic requests of scalar ones), four atomics before it. Either way each
-// element gets one add, so deterministic mode's fixed order is unchanged.
+// Adds v to the four fp32 at `to` (16-byte aligned): one vector reduction on sm_90 (one
+// instruction where scalar adds take four), four atomics before it. Either way each element
+// gets one add, so deterministic mode's fixed order is unchanged.
 __device__ __forceinline__ void atomic_add_quad(float* to, float4 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(to), "f"(v.x),
@@ -532,7 +532,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     }
     // Lanes t and t^1 swap half their tile so that each holds four consecutive columns of
     // one row (even t: row g, columns 2t..2t+3; odd t: row g+8, columns 2t-2..2t+1), added
-    // with one 16-byte reduction per 8-column tile.
+    // with one 16-byte reduction per 8-column tile (aligned: the accumulator starts 256-byte
+    // aligned and its rows and heads are multiples of kHeadDim floats, columns of 4).
     const bool upper = (t & 1) != 0;
     const int dq_row = row0 + dq_mtile * 16 + g + (upper ? 8 : 0);
     float* const dq_acc = dq_row < seq.seqlen_q
