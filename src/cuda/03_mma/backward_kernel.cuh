@@ -13,9 +13,10 @@
 //       Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   (each warp: its 16 keys × kBlockM rows, warp-local)
 //       Pᵀ = exp2(logit·log2e − lse·log2e),  dSᵀ = Pᵀ∘(dPᵀ − D)∘∂logit/∂qk
 //       dV += Pᵀ·dO,  dK += dSᵀ·Q  (A operands straight from the accumulators)
-//       dSᵀ -> shared memory;  dQ_i += dS·K  (warps split the kBlockM × d tile) through
-//       fp32 atomics into the workspace accumulator, or, deterministic, the same adds
-//       taken in key-block order behind a per-(batch, head, query block) counter.
+//       dSᵀ -> shared memory (two buffers: one barrier per step);  dQ_i += dS·K  (warps
+//       split the kBlockM × d tile) through 16-byte fp32 reductions into the workspace
+//       accumulator, or, deterministic, the same adds taken in key-block order behind a
+//       per-(batch, head, query block) counter.
 //     Computing the transposed products (keys as the mma's M) is what lets P and dS feed
 //     dV and dK from registers; only dS goes through shared memory, for dQ.
 //  3. backward_dq_kernel converts the fp32 dQ accumulator to q's dtype with dq's strides;
@@ -79,12 +80,13 @@ struct MmaBackwardConfig {
   // dSᵀ: (kBlockN keys, kBlockM rows) 16-bit, swizzled rows of kBlockM / 8 chunks.
   static constexpr int kDsRowChunks = kBlockM / 8;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
-  // [ K | V | Q stage 0, 1 | dO stage 0, 1 | dSᵀ | lse·log2e stage 0, 1 | D stage 0, 1 ]
+  // [ K | V | Q stage 0, 1 | dO stage 0, 1 | dSᵀ stage 0, 1 | lse·log2e stage 0, 1 |
+  //   D stage 0, 1 ]: dSᵀ alternates by step so that one barrier per step serves.
   static constexpr int kVOffset = kKeyTileBytes;
   static constexpr int kQOffset = 2 * kKeyTileBytes;
   static constexpr int kDoOffset = kQOffset + 2 * kRowTileBytes;
   static constexpr int kDsOffset = kDoOffset + 2 * kRowTileBytes;
-  static constexpr int kLseOffset = kDsOffset + kDsBytes;
+  static constexpr int kLseOffset = kDsOffset + 2 * kDsBytes;
   static constexpr int kDOffset = kLseOffset + 2 * kBlockM * 4;
   static constexpr int kSmemBytes = kDOffset + 2 * kBlockM * 4;
 
@@ -245,6 +247,22 @@ __device__ __forceinline__ float logit_and_derivative(const LogitsTransform<floa
   }
 }
 
+// Adds v to the four fp32 at `to` (16-byte aligned): one vector reduction on sm_90 (one
+// instruction where scalar adds take four), four atomics before it. Either way each element
+// gets one add, so deterministic mode's fixed order is unchanged.
+__device__ __forceinline__ void atomic_add_quad(float* to, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(to), "f"(v.x),
+               "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+#else
+  atomicAdd(to, v.x);
+  atomicAdd(to + 1, v.y);
+  atomicAdd(to + 2, v.z);
+  atomicAdd(to + 3, v.w);
+#endif
+}
+
 template <class T, class Cfg, class Logits, bool kAligned>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     mma_backward_kernel(const BackwardParams bp, const BackwardScratch ws) {
@@ -258,7 +276,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t smem_base = ptx::smem_addr(smem);
   const uint32_t smem_k = smem_base, smem_v = smem_base + Cfg::kVOffset;
-  const uint32_t smem_ds = smem_base + Cfg::kDsOffset;
   float* const smem_lse = reinterpret_cast<float*>(smem + Cfg::kLseOffset);  // (2, kBlockM)
   float* const smem_d = reinterpret_cast<float*>(smem + Cfg::kDOffset);      // (2, kBlockM)
 
@@ -342,6 +359,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     stage_row_stats(0, lse_log2, d_row);
   }
   ptx::cp_async_commit();
+  ptx::cp_async_wait<0>();  // K, V and step 0's tiles have landed for this thread ...
+  __syncthreads();          // ... and for every thread, as have step 0's row stats
 
   // ldmatrix addressing (every fragment row is a multiple of 8 plus lane % 8, so the
   // swizzle's row % 8 is lane % 8 throughout).
@@ -376,8 +395,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     dq_k_cols[dp] = swizzled_chunk(dq_col0 / 8 + 2 * dp + lane / 16);
 
   for (int s = 0; s < steps; ++s) {
-    ptx::cp_async_wait<0>();  // step s's tiles (and K, V) have landed for this thread
-    __syncthreads();          // ... for every thread; stage (s+1) % 2 and dSᵀ are free
+    // One barrier per step, after dSᵀ is written. Stage (s+1) % 2 is free here: its last
+    // reads (step s-1's products and row stats) came before step s-1's barrier.
     float next_lse_log2, next_d;
     issue_step(s + 1, next_lse_log2, next_d);
     ptx::cp_async_commit();
@@ -388,6 +407,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const int stage = s % 2;
     const uint32_t smem_q = smem_base + Cfg::kQOffset + stage * Cfg::kRowTileBytes;
     const uint32_t smem_do = smem_base + Cfg::kDoOffset + stage * Cfg::kRowTileBytes;
+    // This step's dSᵀ buffer: the other one may still be read by a slower warp's dQ of step
+    // s-1; this one was last read in step s-2, before step s-1's barrier.
+    const uint32_t ds_at = Cfg::kDsOffset + stage * Cfg::kDsBytes;
     const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
 
     // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: (16 keys, kBlockM rows) per warp, raw scores.
@@ -460,7 +482,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       // dSᵀ rows g and g+8 of this warp's keys, row chunks 2kk and 2kk+1 (conflict-free:
       // the quad writes one 16-byte chunk, the 8 rows 8 distinct ones).
       const int key_row = warp_key0 + g;
-      unsigned char* ds_bytes = smem + Cfg::kDsOffset;
+      unsigned char* ds_bytes = smem + ds_at;
       *reinterpret_cast<uint32_t*>(ds_bytes + swizzle<DsTile<Cfg>>(key_row, 2 * kk) + 4 * t) = dsa[0];
       *reinterpret_cast<uint32_t*>(ds_bytes + swizzle<DsTile<Cfg>>(key_row + 8, 2 * kk) + 4 * t) = dsa[1];
       *reinterpret_cast<uint32_t*>(ds_bytes + swizzle<DsTile<Cfg>>(key_row, 2 * kk + 1) + 4 * t) = dsa[2];
@@ -477,7 +499,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         ptx::mma_m16n8k16<T>(dk[2 * dp + 1], dsa, qb[2], qb[3]);
       }
     }
-    __syncthreads();  // dSᵀ is whole
+    stage_row_stats(s + 1, next_lse_log2, next_d);
+    ptx::cp_async_wait<0>();  // step s+1's tiles have landed for this thread ...
+    __syncthreads();          // ... and for every thread; dSᵀ is whole
 
     // dQ_i += dS·K: this warp's m-tile and columns; A from dSᵀ through .trans, B from K.
     float dq[Cfg::kDqDTiles][4];
@@ -485,7 +509,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
     for (int ks = 0; ks < Cfg::kKeySteps; ++ks) {
       uint32_t a[4];
-      ptx::ldmatrix_x4_trans(a, smem_ds + (bn_lane_row + ks * 16) * kDsRowBytes + ds_cols);
+      ptx::ldmatrix_x4_trans(a,
+                             smem_base + ds_at + (bn_lane_row + ks * 16) * kDsRowBytes + ds_cols);
 #pragma unroll
       for (int dp = 0; dp < Cfg::kDqDTiles / 2; ++dp) {
         uint32_t kb[4];
@@ -508,17 +533,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       }
       __syncthreads();
     }
+    // Lanes t and t^1 swap half their tile so that each holds four consecutive columns of
+    // one row (even t: row g, columns 2t..2t+3; odd t: row g+8, columns 2t-2..2t+1), added
+    // with one 16-byte reduction per 8-column tile (aligned: the accumulator starts 256-byte
+    // aligned and its rows and heads are multiples of kHeadDim floats, columns of 4).
+    const bool upper = (t & 1) != 0;
+    const int dq_row = row0 + dq_mtile * 16 + g + (upper ? 8 : 0);
+    float* const dq_acc = dq_row < seq.seqlen_q
+                              ? ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row, h) + dq_col0 +
+                                    4 * (t / 2)
+                              : nullptr;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = row0 + dq_mtile * 16 + g + 8 * half;
-      if (row < seq.seqlen_q) {
-        float* acc = ws.dq + seq.row_offset_q(ws.dq_strides, b, row, h) + dq_col0 + 2 * t;
-#pragma unroll
-        for (int dt = 0; dt < Cfg::kDqDTiles; ++dt) {
-          atomicAdd(acc + dt * 8, dq[dt][2 * half]);
-          atomicAdd(acc + dt * 8 + 1, dq[dt][2 * half + 1]);
-        }
-      }
+    for (int dt = 0; dt < Cfg::kDqDTiles; ++dt) {
+      const float got0 = __shfl_xor_sync(0xffffffffu, upper ? dq[dt][0] : dq[dt][2], 1);
+      const float got1 = __shfl_xor_sync(0xffffffffu, upper ? dq[dt][1] : dq[dt][3], 1);
+      const float4 quad = upper ? make_float4(got0, got1, dq[dt][2], dq[dt][3])
+                                : make_float4(dq[dt][0], dq[dt][1], got0, got1);
+      if (dq_acc != nullptr) atomic_add_quad(dq_acc + dt * 8, quad);
     }
     if (bp.deterministic) {
       __syncthreads();  // every thread's adds are issued ...
@@ -527,7 +558,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         atomicAdd(counter, 1);
       }
     }
-    stage_row_stats(s + 1, next_lse_log2, next_d);
   }
 
   // Epilogue: dK and dV (this warp's 16 keys) through shared memory (K and V's tiles, free

@@ -13,19 +13,23 @@ inline constexpr int kBackwardHeadDims[] = {64, 128};
 
 template <int kHeadDim>
 struct MmaBackwardTraits;
-// 64 keys x 64 query rows per step, 4 warps, two CTAs per SM (56 KB / 104 KB of shared
-// memory, <= 255 registers): the first configuration, the one the suite has run on.
-// Measured (H200, bf16, one call, 2026-12-01; docs/JOURNEY.md "Step 3b"), TFLOP/s of the
-// backward at seqlen 1k / 4k / 16k, non-causal:
-//   this configuration      d=64  90.5 /  99.5 / 103.2   d=128  87.5 / 102.8 / 110.2
-//   <D, 64, 8, 1> (128 keys) d=64 114.7 / 122.9 / 129.3   d=128 133.0 / 150.3 / 157.5
-// The 8-warp shape is 1.01-1.52x faster (half the Q/dO loads and dQ atomics per key) but
-// not the default yet: the correctness suite has not run on it (its dQ split into two
-// column groups is a path this configuration does not take).
+// Both head dims: 128 keys (8 warps of 16) x 64 query rows per step, one CTA per SM (97 KB
+// / 161 KB of shared memory at d=64 / 128, <= 255 registers). Against the first
+// configuration, <D, 64, 4, 2> (64 keys, two CTAs per SM), it loads Q and dO and adds dQ
+// half as often per key. TFLOP/s of the backward (H200, bf16, non-causal, seqlen 1k / 4k /
+// 16k; docs/JOURNEY.md "Step 3b"):
+//                                            d=64                   d=128
+//   <D, 64, 4, 2>, first kernel (1)   90.5 /  99.5 / 103.2    87.5 / 102.8 / 110.2
+//   <D, 64, 8, 1>, first kernel (1)  114.7 / 122.9 / 129.3   133.0 / 150.3 / 157.5
+//   <D, 64, 8, 1>, first kernel (2)  112.2 / 123.5 / 129.7   132.8 / 148.7 / 156.3
+//   <D, 64, 8, 1>, today's (2)       151.0 / 185.1 / 194.4   176.6 / 203.0 / 215.1
+// (1) one call, first session; (2) one call, second session. Today's kernel adds dQ with
+// 16-byte reductions and takes one barrier per step; the 4-warp shape was not re-timed
+// with it.
 template <>
-struct MmaBackwardTraits<64> : MmaBackwardConfig<64, 64, 4, 2> {};
+struct MmaBackwardTraits<64> : MmaBackwardConfig<64, 64, 8, 1> {};
 template <>
-struct MmaBackwardTraits<128> : MmaBackwardConfig<128, 64, 4, 2> {};
+struct MmaBackwardTraits<128> : MmaBackwardConfig<128, 64, 8, 1> {};
 
 // The smallest backward head dim that holds head_dim (0 when none does).
 constexpr int backward_head_dim(int64_t head_dim) {
