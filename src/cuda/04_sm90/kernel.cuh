@@ -845,14 +845,14 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
 }
 
 // Step 4.6 (Pipeline::tma_persistent): the consumers of 4.4 (kPingPong false) or 4.5 (true)
-// in a persistent CTA. The grid is one CTA per resident slot; CTA x computes the work items
-// TileSchedule::item_index(x, grid, k), k = 0, 1, ... (heaviest first: tile_schedule.hpp),
-// and every thread walks that sequence itself. The producer runs ahead across items: once
+// in a persistent CTA. The grid is one CTA per resident slot; CTA x computes one work item
+// per round, TileSchedule::item_index(x, grid, round) (heaviest first, snaking:
+// tile_schedule.hpp), and every thread walks that sequence itself. The producer runs ahead across items: once
 // an item's last tile is issued it issues the next item's Q and first tiles while the
 // consumers finish this item's last tiles and epilogue. Counted over the CTA's lifetime
-// (RingSlot): the key tiles (tile_base), for the K/V ring; the items (k), for the Q
-// buffers: item k uses Q buffer k % kQBuffers, whose full barrier completes phase
-// k / kQBuffers when its Q lands and whose empty barrier completes one when both consumers
+// (RingSlot): the key tiles (tile_base), for the K/V ring; the items (items_done), for the
+// Q buffers: the CTA's k-th item uses Q buffer k % kQBuffers, whose full barrier completes
+// phase k / kQBuffers when its Q lands and whose empty barrier completes one when both consumers
 // have copied O (staged over it by the epilogue) out; the producer refills a buffer only
 // after that, so the epilogue never stages O over a Q tile being loaded. With two buffers
 // the next Q loads while this item computes; with one (d=256), after the next item's first
@@ -875,12 +875,12 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
   if (warpgroup == 0) {  // producer
     ptx::setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x == 0) {
-      uint32_t tile_base = 0;
-      for (uint32_t k = 0;; ++k) {
-        const int64_t index = TileSchedule::item_index(cta, grid, k);
-        if (index >= schedule.items()) break;
+      uint32_t tile_base = 0, items_done = 0;
+      for (int64_t round = 0; round < schedule.rounds(grid); ++round) {
+        const int64_t index = TileSchedule::item_index(cta, grid, round);
+        if (index >= schedule.items()) continue;  // the last round, partial
         const CtaWork work(p, Cfg::kBlockM, Cfg::kBlockN, schedule.item(index));
-        const RingSlot<kQBuffers> q_use{k};
+        const RingSlot<kQBuffers> q_use{items_done++};
         produce_item_tiles(smem, maps, work, tile_base,
                            tiles_before_q<Cfg::kStages, kQBuffers>(work.n_tiles()), [&] {
                              if (q_use.reused())
@@ -896,12 +896,12 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
   ptx::setmaxnreg_inc<kConsumerRegisters>();
   const int consumer = warpgroup - 1;
   using Consumer = ConsumerWarpgroup<T, Cfg, kTransformed>;
-  uint32_t tile_base = 0;
-  for (uint32_t k = 0;; ++k) {
-    const int64_t index = TileSchedule::item_index(cta, grid, k);
-    if (index >= schedule.items()) break;
+  uint32_t tile_base = 0, items_done = 0;
+  for (int64_t round = 0; round < schedule.rounds(grid); ++round) {
+    const int64_t index = TileSchedule::item_index(cta, grid, round);
+    if (index >= schedule.items()) continue;  // the last round, partial
     const CtaWork work(p, Cfg::kBlockM, Cfg::kBlockN, schedule.item(index));
-    const RingSlot<kQBuffers> q_use{k};
+    const RingSlot<kQBuffers> q_use{items_done++};
     const int buffer = q_use.slot();
     Consumer wg(consumer, p, work);  // O, m and l start afresh for each item
     ptx::mbarrier_wait(smem.q_full(buffer), q_use.full_parity());

@@ -3,14 +3,16 @@
 // tiles or items kept over the CTA's lifetime puts it in an mbarrier ring.
 //
 // The persistent kernel launches one CTA per resident slot (SMs x CTAs per SM) and each
-// CTA walks the work items x, x + G, x + 2G, ... (G = the grid) of one list ordered
-// heaviest first: a static stride, not a global atomic counter. Every thread of the CTA
+// CTA takes one item of each round of G (= the grid) consecutive items of one list ordered
+// heaviest first: a static schedule, not a global atomic counter. Every thread of the CTA
 // (the producer and both consumers) computes the same sequence on its own, so no item has
 // to be fetched, broadcast through shared memory and fenced, and no counter has to be reset
 // before each call (no workspace); runs are deterministic. The cost: a CTA cannot take
-// over work another one has not started. With the items sorted heaviest first (causal
-// calls, one-sided windows), the stride hands CTA x the x-th heaviest item of each round
-// of G, so two CTAs' totals differ by at most the heaviest item's weight.
+// over work another one has not started. The rounds snake: CTA x takes the x-th item of
+// even rounds and the (G-1-x)-th of odd ones. With a plain stride (x, x + G, ...) over a
+// list sorted heaviest first, CTA 0 would take the heaviest item of every round (causal
+// d=128 16k, 16 heads: ~12% more tiles than CTA 131); snaking, each pair of rounds evens
+// out, leaving about one round's spread of weights.
 #pragma once
 
 #include <cstdint>
@@ -57,9 +59,12 @@ struct TileSchedule {
     return w;
   }
 
-  // The k-th item CTA `cta` of `grid` computes is index cta + k * grid, while < items().
-  FT_HOST_DEVICE static int64_t item_index(int cta, int grid, int64_t k) {
-    return cta + k * int64_t(grid);
+  // Rounds of `grid` items; the last may be partial.
+  FT_HOST_DEVICE int64_t rounds(int grid) const { return (items() + grid - 1) / grid; }
+  // The item CTA `cta` of `grid` takes in round `round`; in the last round it may lie past
+  // items() (the CTA then has no item left).
+  FT_HOST_DEVICE static int64_t item_index(int cta, int grid, int64_t round) {
+    return round * grid + (round % 2 == 0 ? cta : grid - 1 - cta);
   }
 };
 
