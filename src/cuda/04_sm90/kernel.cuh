@@ -216,7 +216,7 @@ enum class Pipeline {
   tma_warp_specialized,          // 4.3
   tma_warp_specialized_overlap,  // 4.4
   tma_ping_pong,                 // 4.5
-  tma_persistent,                // 4.6: 4.4 or 4.5 (Sm90Traits::kPersistentPingPong), persistent
+  tma_persistent,                // 4.6: persistent CTAs on 4.3, 4.4 or 4.5's consumers (traits.cuh)
 };
 
 // Shared-memory map of one CTA: [ Q buffers (kBlockM, d) x kQBuffers | stage s: K (kBlockN,
@@ -844,8 +844,8 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
   wg.epilogue(p, work, smem.base, consumer_barrier_id(consumer));
 }
 
-// Step 4.6 (Pipeline::tma_persistent): the consumers of 4.4 (kPingPong false) or 4.5 (true)
-// in a persistent CTA. The grid is one CTA per resident slot; CTA x computes one work item
+// Step 4.6 (Pipeline::tma_persistent): the consumers of 4.3 (kOverlap false), 4.4 (kOverlap)
+// or 4.5 (kOverlap, kPingPong) in a persistent CTA. The grid is one CTA per resident slot; CTA x computes one work item
 // per round, TileSchedule::item_index(x, grid, round) (heaviest first, snaking:
 // tile_schedule.hpp), and every thread walks that sequence itself. The producer runs ahead across items: once
 // an item's last tile is issued it issues the next item's Q and first tiles while the
@@ -857,7 +857,7 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
 // after that, so the epilogue never stages O over a Q tile being loaded. With two buffers
 // the next Q loads while this item computes; with one (d=256), after the next item's first
 // tiles (tiles_before_q).
-template <class T, class Cfg, bool kPingPong, bool kTransformed>
+template <class T, class Cfg, bool kOverlap, bool kPingPong, bool kTransformed>
 __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     sm90_persistent_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps,
                                    const TileSchedule schedule) {
@@ -907,7 +907,7 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     ptx::mbarrier_wait(smem.q_full(buffer), q_use.full_parity());
     if (Consumer::needs_q_sign_flip(p))
       wg.flip_q_sign(smem.q_buffer_ptr(buffer), consumer_barrier_id(consumer));
-    consume_item_tiles</*kOverlap=*/true, kPingPong>(wg, smem, smem.q_buffer(buffer), work,
+    consume_item_tiles<kOverlap, kPingPong>(wg, smem, smem.q_buffer(buffer), work,
                                                      consumer, tile_base);
     wg.epilogue(p, work, smem.q_buffer_ptr(buffer), consumer_barrier_id(consumer));
     // Release the buffer: this thread's generic accesses to it are ordered before the TMA
@@ -968,7 +968,8 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
       launch(&sm90_ws_forward_kernel<T, Cfg, true, true, kTransformed>, kWsThreads<Cfg>);
       break;
     case Pipeline::tma_persistent:
-      launch_persistent(&sm90_persistent_forward_kernel<T, Cfg, Cfg::kPersistentPingPong, kTransformed>);
+      launch_persistent(&sm90_persistent_forward_kernel<T, Cfg, Cfg::kPersistentOverlap,
+                                                        Cfg::kPersistentPingPong, kTransformed>);
       break;
   }
   check_launch("cuda_sm90 forward kernel");
