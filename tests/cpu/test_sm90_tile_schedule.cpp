@@ -51,10 +51,11 @@ TEST(Sm90TileSchedule, PersistentCtasCoverEveryItemOnce) {
             for (int grid : {1, 2, 7, 64, 132, 264, 5000}) {
               const TileSchedule s{batch, heads, (sq + kBlockM - 1) / kBlockM, mask.left, mask.right};
               SCOPED_TRACE(describe(s, sq, sk, grid, mask.name));
+              ASSERT_TRUE(s.fits_int32(grid));
               std::vector<int> seen(size_t(s.items()), 0);
               for (int cta = 0; cta < grid; ++cta)
-                for (int64_t round = 0; round < s.rounds(grid); ++round) {
-                  const int64_t index = TileSchedule::item_index(cta, grid, round);
+                for (int round = 0; round < s.rounds(grid); ++round) {
+                  const int index = TileSchedule::item_index(cta, grid, round);
                   ASSERT_GE(index, 0);
                   if (index >= s.items()) {
                     ASSERT_EQ(round, s.rounds(grid) - 1) << "only the last round is partial";
@@ -89,7 +90,7 @@ TEST(Sm90TileSchedule, HeaviestFirstAndBalanced) {
             const bool sorted = mask.right == 0 || (mask.left >= 0 && mask.right < 0) ||
                                 (mask.left < 0 && mask.right < 0);
             int heaviest = 0;
-            for (int64_t i = 0; i < s.items(); ++i) {
+            for (int i = 0; i < s.items(); ++i) {
               const WorkItem w = s.item(i);
               const int tiles = item_tiles(mask, sq, sk, w.m_block);
               heaviest = std::max(heaviest, tiles);
@@ -107,10 +108,10 @@ TEST(Sm90TileSchedule, HeaviestFirstAndBalanced) {
             int64_t widest_round = 0;  // the largest spread of weights inside one round
             int64_t partial_round = 0;  // the heaviest item of a partial last round: some CTAs
                                         // have none
-            for (int64_t round = 0; round < s.rounds(grid); ++round) {
+            for (int round = 0; round < s.rounds(grid); ++round) {
               int lightest = heaviest, heaviest_here = 0;
               for (int cta = 0; cta < grid; ++cta) {
-                const int64_t index = TileSchedule::item_index(cta, grid, round);
+                const int index = TileSchedule::item_index(cta, grid, round);
                 if (index >= s.items()) continue;
                 const int tiles = item_tiles(mask, sq, sk, s.item(index).m_block);
                 total[size_t(cta)] += tiles;

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -114,13 +115,27 @@ TEST(Sm90Pieces, PVProductMatchesHost) {
 // "tma_persistent" (step 4.6, never taken unpinned), "tma_ping_pong" (step 4.5), "tma_ws_overlap" (4.4), "tma_ws" (4.3, what dense calls
 // take unpinned: launch_sm90_forward in kernel.cuh), "tma" (4.2) or "cp_async" (4.1,
 // what varlen calls take). A TMA pipeline fails a call whose maps cannot be encoded, so a passing test
-// ran on the pipeline it names.
+// ran on the pipeline it names. The scope restores what was set before it, so a run pinned
+// from outside (FLASHTILE_SM90_PIPELINE=tma_persistent flashtile_cuda_sm90_tests) stays
+// pinned in the tests that do not pin.
 class ScopedPipeline {
  public:
-  explicit ScopedPipeline(const char* name) { setenv("FLASHTILE_SM90_PIPELINE", name, 1); }
-  ~ScopedPipeline() { unsetenv("FLASHTILE_SM90_PIPELINE"); }
+  explicit ScopedPipeline(const char* name) {
+    if (const char* outer = std::getenv(kVariable); outer != nullptr) outer_ = outer;
+    setenv(kVariable, name, 1);
+  }
+  ~ScopedPipeline() {
+    if (outer_)
+      setenv(kVariable, outer_->c_str(), 1);
+    else
+      unsetenv(kVariable);
+  }
   ScopedPipeline(const ScopedPipeline&) = delete;
   ScopedPipeline& operator=(const ScopedPipeline&) = delete;
+
+ private:
+  static constexpr const char* kVariable = "FLASHTILE_SM90_PIPELINE";
+  std::optional<std::string> outer_;
 };
 constexpr const char* kPipelines[] = {"tma_persistent", "tma_ping_pong", "tma_ws_overlap",
                                       "tma_ws", "tma", "cp_async"};

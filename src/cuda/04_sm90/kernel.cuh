@@ -876,8 +876,8 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     ptx::setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x == 0) {
       uint32_t tile_base = 0, items_done = 0;
-      for (int64_t round = 0; round < schedule.rounds(grid); ++round) {
-        const int64_t index = TileSchedule::item_index(cta, grid, round);
+      for (int round = 0; round < schedule.rounds(grid); ++round) {
+        const int index = TileSchedule::item_index(cta, grid, round);
         if (index >= schedule.items()) continue;  // the last round, partial
         const CtaWork work(p, Cfg::kBlockM, Cfg::kBlockN, schedule.item(index));
         const RingSlot<kQBuffers> q_use{items_done++};
@@ -897,8 +897,8 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
   const int consumer = warpgroup - 1;
   using Consumer = ConsumerWarpgroup<T, Cfg, kTransformed>;
   uint32_t tile_base = 0, items_done = 0;
-  for (int64_t round = 0; round < schedule.rounds(grid); ++round) {
-    const int64_t index = TileSchedule::item_index(cta, grid, round);
+  for (int round = 0; round < schedule.rounds(grid); ++round) {
+    const int index = TileSchedule::item_index(cta, grid, round);
     if (index >= schedule.items()) continue;  // the last round, partial
     const CtaWork work(p, Cfg::kBlockM, Cfg::kBlockN, schedule.item(index));
     const RingSlot<kQBuffers> q_use{items_done++};
@@ -909,6 +909,12 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
       wg.flip_q_sign(smem.q_buffer_ptr(buffer), consumer_barrier_id(consumer));
     consume_item_tiles<kOverlap, kPingPong>(wg, smem, smem.q_buffer(buffer), work,
                                                      consumer, tile_base);
+    // The epilogue's shared-memory offsets depend on the lane alone, so ptxas hoisted them
+    // out of the item loop, and at d=256 the 15 it kept live across the tiles spilled (STL
+    // before the loop, LDL in each epilogue). An opaque copy of the lane keeps them here.
+    uint32_t lane = static_cast<uint32_t>(wg.frag.lane);
+    ptx::fence_register(lane);
+    wg.frag.lane = static_cast<int>(lane);
     wg.epilogue(p, work, smem.q_buffer_ptr(buffer), consumer_barrier_id(consumer));
     // Release the buffer: this thread's generic accesses to it are ordered before the TMA
     // (async proxy) refill, the warp's reads are done, then one arrival per warp.
@@ -948,7 +954,13 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
                                                              Cfg::kPersistentSmemBytes),
                "cudaOccupancyMaxActiveBlocksPerMultiprocessor(cuda_sm90 persistent kernel)");
     const int64_t slots = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
-    const auto ctas = static_cast<unsigned>(schedule.items() < slots ? schedule.items() : slots);
+    const int64_t items = schedule.items_64();
+    if (items == 0) return;
+    const int ctas = static_cast<int>(items < slots ? items : slots);
+    if (!schedule.fits_int32(ctas))
+      throw Error(ErrorKind::unsupported,
+                  "cuda_sm90 tma_persistent: batch x heads x query blocks must stay below 2^31; got " +
+                      std::to_string(items));
     kernel<<<ctas, kWsThreads<Cfg>, Cfg::kPersistentSmemBytes, stream>>>(p, maps, schedule);
   };
   switch (pipeline) {

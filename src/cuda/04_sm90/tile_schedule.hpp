@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <climits>
 
 #include "attn/block_range.hpp"
 #include "common/host_device.hpp"
@@ -34,36 +35,42 @@ struct WorkItem {
 // within a rank. Without one every item weighs the same, so the list keeps each (batch,
 // head)'s blocks together (what the non-persistent grid does): CTAs running at the same
 // time then read the same K/V from L2.
+// Indices are 32-bit (the kernel's divisions then stay inline: a 64-bit one is a call, and
+// its saved registers spilled the d=256 consumers); the launch checks fits_int32().
 struct TileSchedule {
   int batch = 0, heads = 0, m_blocks = 0;
   int64_t window_left = -1, window_right = -1;
 
-  FT_HOST_DEVICE int64_t items() const { return int64_t(batch) * heads * m_blocks; }
+  FT_HOST_DEVICE int64_t items_64() const { return int64_t(batch) * heads * m_blocks; }
+  // Every index the kernel forms, up to rounds x grid <= items + grid, fits an int.
+  FT_HOST_DEVICE bool fits_int32(int grid) const {
+    return items_64() + grid <= int64_t(INT_MAX);
+  }
+  FT_HOST_DEVICE int items() const { return batch * heads * m_blocks; }
   FT_HOST_DEVICE bool masked() const { return window_left >= 0 || window_right >= 0; }
 
-  FT_HOST_DEVICE WorkItem item(int64_t index) const {
-    const int64_t heads_total = int64_t(batch) * heads;
+  FT_HOST_DEVICE WorkItem item(int index) const {
+    const int heads_total = batch * heads;
     WorkItem w{};
     if (masked()) {
-      const int rank = static_cast<int>(index / heads_total);
-      const int64_t bh = index % heads_total;
-      w.batch = static_cast<int>(bh / heads);
-      w.head = static_cast<int>(bh % heads);
+      const int rank = index / heads_total, bh = index % heads_total;
+      w.batch = bh / heads;
+      w.head = bh % heads;
       w.m_block = heaviest_first_block(window_left, window_right, rank, m_blocks);
     } else {
-      const int64_t bh = index / m_blocks;
-      w.batch = static_cast<int>(bh / heads);
-      w.head = static_cast<int>(bh % heads);
-      w.m_block = static_cast<int>(index % m_blocks);
+      const int bh = index / m_blocks;
+      w.batch = bh / heads;
+      w.head = bh % heads;
+      w.m_block = index % m_blocks;
     }
     return w;
   }
 
   // Rounds of `grid` items; the last may be partial.
-  FT_HOST_DEVICE int64_t rounds(int grid) const { return (items() + grid - 1) / grid; }
+  FT_HOST_DEVICE int rounds(int grid) const { return (items() + grid - 1) / grid; }
   // The item CTA `cta` of `grid` takes in round `round`; in the last round it may lie past
   // items() (the CTA then has no item left).
-  FT_HOST_DEVICE static int64_t item_index(int cta, int grid, int64_t round) {
+  FT_HOST_DEVICE static int item_index(int cta, int grid, int round) {
     return round * grid + (round % 2 == 0 ? cta : grid - 1 - cta);
   }
 };
