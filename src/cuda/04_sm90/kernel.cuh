@@ -29,7 +29,9 @@
 // Step 4.4 (kOverlap) and 4.5 (kPingPong) are below. Each head dim's dense calls take the
 // pipeline measured fastest for their length and mask (Sm90Traits::dense_pipeline).
 // Softcap and ALiBi run in a transformed kernel per pipeline (LogitsTransform::apply).
-// Next (issue 9): a persistent scheduler, a TMA-store epilogue.
+// Step 4.6 (sm90_persistent_forward_kernel, Pipeline::tma_persistent, only when pinned: not
+// yet measured): persistent CTAs over a heaviest-first schedule (tile_schedule.hpp), the
+// producer running ahead into the next work item. Next (issue 9): a TMA-store epilogue.
 //
 // Measured (H200, bf16, seqlen 16k, TFLOP/s full / causal, one device call; docs/JOURNEY.md
 // "Step 4 — cuda_sm90"): d=64 4.3 410 / 404; d=128 4.3 544 / 534, 4.5 590 / 565;
