@@ -846,19 +846,20 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
   wg.epilogue(p, work, smem.base, consumer_barrier_id(consumer));
 }
 
-// Step 4.6 (Pipeline::tma_persistent): the consumers of 4.3 (kOverlap false), 4.4 (kOverlap)
-// or 4.5 (kOverlap, kPingPong) in a persistent CTA. The grid is one CTA per resident slot; CTA x computes one work item
-// per round, TileSchedule::item_index(x, grid, round) (heaviest first, snaking:
-// tile_schedule.hpp), and every thread walks that sequence itself. The producer runs ahead across items: once
-// an item's last tile is issued it issues the next item's Q and first tiles while the
-// consumers finish this item's last tiles and epilogue. Counted over the CTA's lifetime
-// (RingSlot): the key tiles (tile_base), for the K/V ring; the items (items_done), for the
-// Q buffers: the CTA's k-th item uses Q buffer k % kQBuffers, whose full barrier completes
-// phase k / kQBuffers when its Q lands and whose empty barrier completes one when both consumers
-// have copied O (staged over it by the epilogue) out; the producer refills a buffer only
-// after that, so the epilogue never stages O over a Q tile being loaded. With two buffers
-// the next Q loads while this item computes; with one (d=256), after the next item's first
-// tiles (tiles_before_q).
+// Step 4.6 (Pipeline::tma_persistent): the consumers of 4.3 (kOverlap false), 4.4
+// (kOverlap) or 4.5 (kOverlap, kPingPong) in a persistent CTA. The grid is one CTA per
+// resident slot; CTA x computes one work item per round, TileSchedule::item_index(x, grid,
+// round) (heaviest first, snaking: tile_schedule.hpp), and every thread walks that sequence
+// itself. The producer runs ahead across items: once an item's last tile is issued it
+// issues the next item's Q and first tiles while the consumers finish this item's last
+// tiles and epilogue. Counted over the CTA's lifetime (RingSlot): the key tiles
+// (tile_base), for the K/V ring; the items (items_done), for the Q buffers: the CTA's k-th
+// item uses Q buffer k % kQBuffers, whose full barrier completes phase k / kQBuffers when
+// its Q lands, and whose empty barrier completes one when both consumers have copied O
+// (staged over it by the epilogue) out; the producer refills a buffer only after that, so
+// the epilogue never stages O over a Q tile being loaded. With two buffers the next Q
+// loads while this item computes; with one (d=256), after the next item's first tiles
+// (tiles_before_q).
 template <class T, class Cfg, bool kOverlap, bool kPingPong, bool kTransformed>
 __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     sm90_persistent_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps,
@@ -883,12 +884,14 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
         if (index >= schedule.items()) continue;  // the last round, partial
         const CtaWork work(p, Cfg::kBlockM, Cfg::kBlockN, schedule.item(index));
         const RingSlot<kQBuffers> q_use{items_done++};
+        // The buffer's previous item is released (its epilogue is done), then this Q.
+        auto load_q = [&] {
+          if (q_use.reused())
+            ptx::mbarrier_wait(smem.q_empty(q_use.slot()), q_use.released_parity());
+          produce_q(smem, maps, work, q_use.slot());
+        };
         produce_item_tiles(smem, maps, work, tile_base,
-                           tiles_before_q<Cfg::kStages, kQBuffers>(work.n_tiles()), [&] {
-                             if (q_use.reused())
-                               ptx::mbarrier_wait(smem.q_empty(q_use.slot()), q_use.released_parity());
-                             produce_q(smem, maps, work, q_use.slot());
-                           });
+                           tiles_before_q<Cfg::kStages, kQBuffers>(work.n_tiles()), load_q);
         tile_base += work.n_tiles();
       }
     }
@@ -909,8 +912,8 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     ptx::mbarrier_wait(smem.q_full(buffer), q_use.full_parity());
     if (Consumer::needs_q_sign_flip(p))
       wg.flip_q_sign(smem.q_buffer_ptr(buffer), consumer_barrier_id(consumer));
-    consume_item_tiles<kOverlap, kPingPong>(wg, smem, smem.q_buffer(buffer), work,
-                                                     consumer, tile_base);
+    consume_item_tiles<kOverlap, kPingPong>(wg, smem, smem.q_buffer(buffer), work, consumer,
+                                            tile_base);
     // The epilogue's shared-memory offsets depend on the lane alone, so ptxas hoisted them
     // out of the item loop, and at d=256 the 15 it kept live across the tiles spilled (STL
     // before the loop, LDL in each epilogue). An opaque copy of the lane keeps them here.
