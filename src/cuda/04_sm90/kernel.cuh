@@ -285,7 +285,10 @@ struct CtaWork {
                                               static_cast<int>(gridDim.x))}) {}
   __device__ __forceinline__ CtaWork(const AttentionParams& p, int block_m, int block_n,
                                      const WorkItem& item)
-      : b(item.batch), h(item.head), hk(int64_t(item.head) / p.heads_per_kv()), seq(p, b),
+      // Through uint32_t: the indices are never negative, and saying so spares the 64-bit
+      // offsets their sign extensions (as blockIdx did).
+      : b(static_cast<uint32_t>(item.batch)), h(static_cast<uint32_t>(item.head)),
+        hk(int64_t(static_cast<uint32_t>(item.head)) / p.heads_per_kv()), seq(p, b),
         mask(seq.mask(p)), row_start(item.m_block * block_m) {
     // Past this sequence's end (varlen) the block is empty; callers return.
     if (row_start < seq.seqlen_q)
@@ -689,15 +692,13 @@ __device__ __forceinline__ void produce_q(const SmemMap<Cfg, kQBuffers>& smem, c
 // The producer thread: work's key tiles, which are the CTA's tiles tile_base, tile_base + 1,
 // ... over its lifetime. Before a stage is refilled its previous lap is released: K is
 // waited for alone, so it lands while V still feeds the previous tile's P·V. load_q() runs
-// before tile `tiles_before_q` (after the last one when that equals the tile count).
+// after the first tiles_before_q tiles (0 <= tiles_before_q <= the tile count).
 template <class Cfg, int kQBuffers, class LoadQ>
 __device__ __forceinline__ void produce_item_tiles(const SmemMap<Cfg, kQBuffers>& smem,
                                                    const TmaMaps& maps, const CtaWork& work,
                                                    uint32_t tile_base, int tiles_before_q,
                                                    LoadQ&& load_q) {
-  const int n_tiles = work.n_tiles();
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    if (tile == tiles_before_q) load_q();
+  auto issue_tile = [&](int tile) {
     const RingSlot<Cfg::kStages> ring{tile_base + tile};
     const int stage = ring.slot();
     const int n0 = work.key_block(tile) * Cfg::kBlockN;
@@ -709,8 +710,10 @@ __device__ __forceinline__ void produce_item_tiles(const SmemMap<Cfg, kQBuffers>
     ptx::mbarrier_arrive_expect_tx(smem.v_full(stage), Cfg::kTileBytes);
     tma_load_tile<Cfg>(smem.v_stage(stage), &maps.v, smem.v_full(stage), Cfg::kBlockN,
                        work.seq.k_start + n0, work.hk, work.b);
-  }
-  if (tiles_before_q == n_tiles) load_q();
+  };
+  for (int tile = 0; tile < tiles_before_q; ++tile) issue_tile(tile);
+  load_q();
+  for (int tile = tiles_before_q; tile < work.n_tiles(); ++tile) issue_tile(tile);
 }
 
 // One consumer warpgroup's key tiles of one work item, the CTA's tiles tile_base, ... over
