@@ -118,24 +118,27 @@ TEST(Sm90Pieces, PVProductMatchesHost) {
 // ran on the pipeline it names. The scope restores what was set before it, so a run pinned
 // from outside (FLASHTILE_SM90_PIPELINE=tma_persistent flashtile_cuda_sm90_tests) stays
 // pinned in the tests that do not pin.
-class ScopedPipeline {
+class ScopedVariable {
  public:
-  explicit ScopedPipeline(const char* name) {
-    if (const char* outer = std::getenv(kVariable); outer != nullptr) outer_ = outer;
-    setenv(kVariable, name, 1);
+  ScopedVariable(const char* variable, const char* value) : variable_(variable) {
+    if (const char* outer = std::getenv(variable); outer != nullptr) outer_ = outer;
+    setenv(variable, value, 1);
   }
-  ~ScopedPipeline() {
+  ~ScopedVariable() {
     if (outer_)
-      setenv(kVariable, outer_->c_str(), 1);
+      setenv(variable_, outer_->c_str(), 1);
     else
-      unsetenv(kVariable);
+      unsetenv(variable_);
   }
-  ScopedPipeline(const ScopedPipeline&) = delete;
-  ScopedPipeline& operator=(const ScopedPipeline&) = delete;
+  ScopedVariable(const ScopedVariable&) = delete;
+  ScopedVariable& operator=(const ScopedVariable&) = delete;
 
  private:
-  static constexpr const char* kVariable = "FLASHTILE_SM90_PIPELINE";
+  const char* variable_;
   std::optional<std::string> outer_;
+};
+struct ScopedPipeline : ScopedVariable {
+  explicit ScopedPipeline(const char* name) : ScopedVariable("FLASHTILE_SM90_PIPELINE", name) {}
 };
 constexpr const char* kPipelines[] = {"tma_persistent", "tma_ping_pong", "tma_ws_overlap",
                                       "tma_ws", "tma", "cp_async"};
@@ -371,6 +374,52 @@ TEST(CudaSm90Persistent, RunsRepeatBitwise) {
       expect_oracle(c);
       ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, dev, kSm90, small_grid() ? 3 : 20));
     }
+}
+
+// A grid capped at 3 CTAs (FLASHTILE_SM90_PERSISTENT_CTAS) on shapes of 24 items: 8 per CTA,
+// so both Q buffers (d=64/128) and the one of d=256 are refilled several times and the
+// ring's laps run across many items, on small shapes (the cheap case for compute-sanitizer:
+// racecheck sees the hand-over of each Q buffer from the epilogue to the next TMA load).
+TEST(CudaSm90Persistent, ThreeCtasRunEightItemsEach) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  const ScopedPipeline pinned("tma_persistent");
+  const ScopedVariable capped("FLASHTILE_SM90_PERSISTENT_CTAS", "3");
+  int variant = 0;
+  for (int64_t d : {64, 128, 256})
+    for (int64_t sk : {100, 450})
+      for (bool causal : {false, true}) {
+        Shape s = shape_of(variant % 2 ? DType::f16 : DType::bf16, 2, 300, sk, 4, 2, d);
+        s.causal = causal;
+        if (variant % 4 == 3) s.softcap = 10.0f, s.alibi = true;
+        ++variant;
+        AttentionCase c(s);
+        DeviceCase dev(c);
+        dev.run(c, kSm90);
+        expect_oracle(c);
+        ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, dev, kSm90, 3));
+      }
+  expect_matches_oracle(shape_of(DType::bf16, 2, 300, 450, 4, 2, 128), -0.3f);  // sign flip
+}
+
+TEST(CudaSm90Persistent, RefusesABadCtaCap) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  const ScopedPipeline pinned("tma_persistent");
+  const ScopedVariable capped("FLASHTILE_SM90_PERSISTENT_CTAS", "0");
+  AttentionCase c(shape_of(DType::bf16, 1, 200, 200, 2, 2, 64));
+  DeviceCase d(c);
+  d.out.buffer.fill_bytes(0xFF);
+  try {
+    forward(d.q.view, d.k.view, d.v.view, d.out.view, d.options(c, kSm90));
+    ADD_FAILURE() << "a CTA cap of 0 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::invalid_argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("FLASHTILE_SM90_PERSISTENT_CTAS must be a whole number"),
+              std::string::npos)
+        << e.what();
+  }
+  std::vector<unsigned char> bytes(d.out.buffer.bytes());
+  d.out.buffer.copy_to_host(bytes.data(), bytes.size());
+  for (unsigned char byte : bytes) ASSERT_EQ(byte, 0xFF) << "out was written on error";
 }
 
 // Varlen batches have no TMA maps, so a pinned persistent pipeline refuses them by name.

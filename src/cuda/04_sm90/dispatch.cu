@@ -47,6 +47,18 @@ std::optional<Pipeline> pipeline_from_environment() {
 }
 }  // namespace
 
+int persistent_cta_cap() {
+  const char* value = std::getenv("FLASHTILE_SM90_PERSISTENT_CTAS");
+  if (value == nullptr || *value == '\0') return 0;
+  char* end = nullptr;
+  const long ctas = std::strtol(value, &end, 10);
+  if (*end != '\0' || ctas < 1 || ctas > 1 << 20)
+    throw Error(ErrorKind::invalid_argument,
+                "FLASHTILE_SM90_PERSISTENT_CTAS must be a whole number from 1 to 1048576; got '" +
+                    std::string(value) + "'");
+  return static_cast<int>(ctas);
+}
+
 void run_forward(const AttentionParams& p, void* stream_handle) {
   const DeviceGuard on_device(p.device_index);
   auto stream = static_cast<cudaStream_t>(stream_handle);

@@ -933,6 +933,11 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
   }
 }
 
+// FLASHTILE_SM90_PERSISTENT_CTAS=n (n >= 1): at most n CTAs in step 4.6's grid, so that
+// small shapes give each CTA many work items (tests, compute-sanitizer runs); 0 when unset.
+// Defined in dispatch.cu, which reads the pipeline pin the same way.
+int persistent_cta_cap();
+
 template <class Kernel>
 void set_smem_limit(Kernel* kernel, int bytes) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
@@ -961,7 +966,9 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
     check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWsThreads<Cfg>,
                                                              Cfg::kPersistentSmemBytes),
                "cudaOccupancyMaxActiveBlocksPerMultiprocessor(cuda_sm90 persistent kernel)");
-    const int64_t slots = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
+    const int cap = persistent_cta_cap();
+    const int64_t resident = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
+    const int64_t slots = cap > 0 && cap < resident ? cap : resident;
     const int64_t items = schedule.items_64();
     if (items == 0) return;
     const int ctas = static_cast<int>(items < slots ? items : slots);
