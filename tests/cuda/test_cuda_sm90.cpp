@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -111,19 +112,36 @@ TEST(Sm90Pieces, PVProductMatchesHost) {
 // ---- attention against the oracle --------------------------------------------------------
 
 // Pins the kernel's pipeline for one scope (FLASHTILE_SM90_PIPELINE, read at each call):
-// "tma_ping_pong" (step 4.5), "tma_ws_overlap" (4.4), "tma_ws" (4.3, what dense calls
+// "tma_persistent" (step 4.6, never taken unpinned), "tma_ping_pong" (step 4.5), "tma_ws_overlap" (4.4), "tma_ws" (4.3, what dense calls
 // take unpinned: launch_sm90_forward in kernel.cuh), "tma" (4.2) or "cp_async" (4.1,
 // what varlen calls take). A TMA pipeline fails a call whose maps cannot be encoded, so a passing test
-// ran on the pipeline it names.
-class ScopedPipeline {
+// ran on the pipeline it names. The scope restores what was set before it, so a run pinned
+// from outside (FLASHTILE_SM90_PIPELINE=tma_persistent flashtile_cuda_sm90_tests) stays
+// pinned in the tests that do not pin.
+class ScopedVariable {
  public:
-  explicit ScopedPipeline(const char* name) { setenv("FLASHTILE_SM90_PIPELINE", name, 1); }
-  ~ScopedPipeline() { unsetenv("FLASHTILE_SM90_PIPELINE"); }
-  ScopedPipeline(const ScopedPipeline&) = delete;
-  ScopedPipeline& operator=(const ScopedPipeline&) = delete;
+  ScopedVariable(const char* variable, const char* value) : variable_(variable) {
+    if (const char* outer = std::getenv(variable); outer != nullptr) outer_ = outer;
+    setenv(variable, value, 1);
+  }
+  ~ScopedVariable() {
+    if (outer_)
+      setenv(variable_, outer_->c_str(), 1);
+    else
+      unsetenv(variable_);
+  }
+  ScopedVariable(const ScopedVariable&) = delete;
+  ScopedVariable& operator=(const ScopedVariable&) = delete;
+
+ private:
+  const char* variable_;
+  std::optional<std::string> outer_;
 };
-constexpr const char* kPipelines[] = {"tma_ping_pong", "tma_ws_overlap", "tma_ws", "tma",
-                                      "cp_async"};
+struct ScopedPipeline : ScopedVariable {
+  explicit ScopedPipeline(const char* name) : ScopedVariable("FLASHTILE_SM90_PIPELINE", name) {}
+};
+constexpr const char* kPipelines[] = {"tma_persistent", "tma_ping_pong", "tma_ws_overlap",
+                                      "tma_ws", "tma", "cp_async"};
 
 class CudaSm90Grid : public ::testing::TestWithParam<DType> {};
 
@@ -296,6 +314,129 @@ TEST(CudaSm90, DeterministicOver100Runs) {
       expect_oracle(c);
       ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, d, kSm90, 100));
     }
+}
+
+// ---- step 4.6: persistent CTAs, several work items each ---------------------------------
+
+// Dense shapes with at least four work items (batch, head, 128-row query block) per SM, so
+// that every persistent CTA runs several back to back even at two CTAs per SM: the producer
+// loads the next item's Q (d=64/128 into the second buffer, d=256 after the consumers
+// release the only one) and first tiles under the current item, and the ring's phases run on
+// across items. 300 query rows: three blocks, the last partial; causal with 100 keys leaves
+// block 0 with no key at all (an item with no tile), with 450 keys the diagonal crosses
+// tiles.
+Shape several_items_per_cta(DType dtype, int64_t seqlen_k, int64_t head_dim, bool causal) {
+  int sms = 0;
+  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  constexpr int64_t kSeqlenQ = 300, kHeads = 8, kItemsPerBatch = kHeads * 3;
+  const int64_t batch = (4 * int64_t(sms) + kItemsPerBatch - 1) / kItemsPerBatch;
+  Shape s = shape_of(dtype, batch, kSeqlenQ, seqlen_k, kHeads, 2, head_dim);
+  s.causal = causal;
+  return s;
+}
+
+TEST(CudaSm90Persistent, CtasRunningSeveralItemsMatchOracle) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  const ScopedPipeline pinned("tma_persistent");
+  int variant = 0;
+  for (int64_t d : {64, 128, 256})
+    for (int64_t sk : {100, 450})
+      for (bool causal : {false, true}) {
+        Shape s = several_items_per_cta(variant % 2 ? DType::f16 : DType::bf16, sk, d, causal);
+        s.strided = variant % 3 == 1;
+        ++variant;
+        expect_matches_oracle(s);
+      }
+  for (int64_t d : {64, 128, 256}) {
+    SCOPED_TRACE("d=" + std::to_string(d));
+    Shape window = several_items_per_cta(DType::bf16, 450, d, false);  // both sides, sinks
+    window.window = {60, 20}, window.sinks = true;
+    expect_matches_oracle(window);
+    // Q's sign flipped in place, in each buffer in turn.
+    expect_matches_oracle(several_items_per_cta(DType::f16, 450, d, true), -0.2f);
+    Shape transformed = several_items_per_cta(DType::bf16, 450, d, true);
+    transformed.softcap = 15.0f, transformed.alibi = true;
+    expect_matches_oracle(transformed);
+  }
+}
+
+// The static schedule and the per-item accumulation are fixed, so repeated runs agree bit
+// for bit, with several items per CTA.
+TEST(CudaSm90Persistent, RunsRepeatBitwise) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  const ScopedPipeline pinned("tma_persistent");
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE("d=" + std::to_string(d) + (causal ? " causal" : " full"));
+      AttentionCase c(several_items_per_cta(DType::bf16, 450, d, causal));
+      DeviceCase dev(c);
+      dev.run(c, kSm90);
+      expect_oracle(c);
+      ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, dev, kSm90, small_grid() ? 3 : 20));
+    }
+}
+
+// A grid capped at 3 CTAs (FLASHTILE_SM90_PERSISTENT_CTAS) on shapes of 24 items: 8 per CTA,
+// so both Q buffers (d=64/128) and the one of d=256 are refilled several times and the
+// ring's laps run across many items, on small shapes (the cheap case for compute-sanitizer:
+// racecheck sees the hand-over of each Q buffer from the epilogue to the next TMA load).
+TEST(CudaSm90Persistent, ThreeCtasRunEightItemsEach) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  const ScopedPipeline pinned("tma_persistent");
+  const ScopedVariable capped("FLASHTILE_SM90_PERSISTENT_CTAS", "3");
+  int variant = 0;
+  for (int64_t d : {64, 128, 256})
+    for (int64_t sk : {100, 450})
+      for (bool causal : {false, true}) {
+        Shape s = shape_of(variant % 2 ? DType::f16 : DType::bf16, 2, 300, sk, 4, 2, d);
+        s.causal = causal;
+        if (variant % 4 == 3) s.softcap = 10.0f, s.alibi = true;
+        ++variant;
+        AttentionCase c(s);
+        DeviceCase dev(c);
+        dev.run(c, kSm90);
+        expect_oracle(c);
+        ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, dev, kSm90, 3));
+      }
+  expect_matches_oracle(shape_of(DType::bf16, 2, 300, 450, 4, 2, 128), -0.3f);  // sign flip
+}
+
+TEST(CudaSm90Persistent, RefusesABadCtaCap) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  const ScopedPipeline pinned("tma_persistent");
+  const ScopedVariable capped("FLASHTILE_SM90_PERSISTENT_CTAS", "0");
+  AttentionCase c(shape_of(DType::bf16, 1, 200, 200, 2, 2, 64));
+  DeviceCase d(c);
+  d.out.buffer.fill_bytes(0xFF);
+  try {
+    forward(d.q.view, d.k.view, d.v.view, d.out.view, d.options(c, kSm90));
+    ADD_FAILURE() << "a CTA cap of 0 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::invalid_argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("FLASHTILE_SM90_PERSISTENT_CTAS must be a whole number"),
+              std::string::npos)
+        << e.what();
+  }
+  std::vector<unsigned char> bytes(d.out.buffer.bytes());
+  d.out.buffer.copy_to_host(bytes.data(), bytes.size());
+  for (unsigned char byte : bytes) ASSERT_EQ(byte, 0xFF) << "out was written on error";
+}
+
+// Varlen batches have no TMA maps, so a pinned persistent pipeline refuses them by name.
+TEST(CudaSm90Persistent, RefusesVarlenWhenPinned) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  const ScopedPipeline pinned("tma_persistent");
+  Shape s = shape_of(DType::bf16, 1, 0, 0, 4, 2, 128);
+  s.varlen_q = s.varlen_k = {100, 300};
+  AttentionCase c(s);
+  DeviceCase d(c);
+  try {
+    d.run(c, kSm90);
+    ADD_FAILURE() << "a pinned TMA pipeline ran a varlen batch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TMA maps of this call cannot be encoded"), std::string::npos)
+        << e.what();
+  }
 }
 
 // `auto` takes cuda_sm90 where it was measured faster than cuda_mma (dense bf16 full and

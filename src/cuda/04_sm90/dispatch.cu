@@ -27,8 +27,8 @@ void run_for_dtype(const AttentionParams& p, cudaStream_t stream, std::optional<
     run_sm90_forward<__half, kHeadDim>(p, stream, pinned);
 }
 
-// FLASHTILE_SM90_PIPELINE=cp_async|tma|tma_ws|tma_ws_overlap|tma_ping_pong pins the
-// pipeline (step 4.1 .. 4.5) for
+// FLASHTILE_SM90_PIPELINE=cp_async|tma|tma_ws|tma_ws_overlap|tma_ping_pong|tma_persistent
+// pins the pipeline (step 4.1 .. 4.6) for
 // the journey's side-by-side measurements and the tests of each step; unset, the newest
 // one that serves the call runs.
 std::optional<Pipeline> pipeline_from_environment() {
@@ -40,11 +40,24 @@ std::optional<Pipeline> pipeline_from_environment() {
   if (name == "tma_ws") return Pipeline::tma_warp_specialized;
   if (name == "tma_ws_overlap") return Pipeline::tma_warp_specialized_overlap;
   if (name == "tma_ping_pong") return Pipeline::tma_ping_pong;
+  if (name == "tma_persistent") return Pipeline::tma_persistent;
   throw Error(ErrorKind::invalid_argument,
-              "FLASHTILE_SM90_PIPELINE must be cp_async, tma, tma_ws, tma_ws_overlap or tma_ping_pong; "
-              "got '" + name + "'");
+              "FLASHTILE_SM90_PIPELINE must be cp_async, tma, tma_ws, tma_ws_overlap, tma_ping_pong "
+              "or tma_persistent; got '" + name + "'");
 }
 }  // namespace
+
+int persistent_cta_cap() {
+  const char* value = std::getenv("FLASHTILE_SM90_PERSISTENT_CTAS");
+  if (value == nullptr || *value == '\0') return 0;
+  char* end = nullptr;
+  const long ctas = std::strtol(value, &end, 10);
+  if (*end != '\0' || ctas < 1 || ctas > 1 << 20)
+    throw Error(ErrorKind::invalid_argument,
+                "FLASHTILE_SM90_PERSISTENT_CTAS must be a whole number from 1 to 1048576; got '" +
+                    std::string(value) + "'");
+  return static_cast<int>(ctas);
+}
 
 void run_forward(const AttentionParams& p, void* stream_handle) {
   const DeviceGuard on_device(p.device_index);

@@ -29,7 +29,9 @@
 // Step 4.4 (kOverlap) and 4.5 (kPingPong) are below. Each head dim's dense calls take the
 // pipeline measured fastest for their length and mask (Sm90Traits::dense_pipeline).
 // Softcap and ALiBi run in a transformed kernel per pipeline (LogitsTransform::apply).
-// Next (issue 9): a persistent scheduler, a TMA-store epilogue.
+// Step 4.6 (sm90_persistent_forward_kernel, Pipeline::tma_persistent, only when pinned: not
+// yet measured): persistent CTAs over a heaviest-first schedule (tile_schedule.hpp), the
+// producer running ahead into the next work item. Next (issue 9): a TMA-store epilogue.
 //
 // Measured (H200, bf16, seqlen 16k, TFLOP/s full / causal, one device call; docs/JOURNEY.md
 // "Step 4 — cuda_sm90"): d=64 4.3 410 / 404; d=128 4.3 544 / 534, 4.5 590 / 565;
@@ -57,6 +59,7 @@
 #include "attn/variant.hpp"
 #include "cuda/common.cuh"
 #include "cuda/04_sm90/tensor_map.cuh"
+#include "cuda/04_sm90/tile_schedule.hpp"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/mma.cuh"
 #include "cuda/ptx/tma.cuh"
@@ -69,6 +72,7 @@ inline constexpr int kWarpgroupRows = 64;   // the M of every wgmma
 inline constexpr int kSwizzleBytes = 128;   // one row of a swizzle atom
 inline constexpr int kSwizzleCols = 64;     // 16-bit columns in kSwizzleBytes
 inline constexpr int kAtomBytes = 1024;     // 8 rows of kSwizzleBytes
+inline constexpr int kSmemLimit = 227 * 1024;  // dynamic shared memory a CTA may opt into (sm_90)
 
 // One kernel configuration (Sm90Traits<head_dim> in traits.cuh picks one per head dim).
 //   kHeadDim   : head dim, a multiple of 64 (whole swizzle blocks)
@@ -97,6 +101,18 @@ struct Sm90Config {
   static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);
   // Q, then kStages (K, V) pairs, the barriers, and the slack to align the start.
   static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes + kBarrierBytes + kAtomBytes;
+  // Step 4.6 (persistent): a second Q buffer where it fits, so the producer loads the next
+  // item's Q while the consumers still read this one's (and stage O over it); each Q buffer
+  // has a "full" and an "empty" barrier. d=64: 2 x 16 KB of Q + 64 KB of K/V; d=128:
+  // 2 x 32 + 128 = 192 KB; d=256: 2 x 64 + 128 = 256 KB does not fit, one buffer (192 KB).
+  static constexpr int kPersistentBarrierBytes = 8 * (2 * 2 + 4 * kStages);
+  static constexpr int kPersistentQBuffers =
+      2 * kQBytes + kStages * 2 * kTileBytes + kPersistentBarrierBytes + kAtomBytes <= kSmemLimit
+          ? 2
+          : 1;
+  static constexpr int kPersistentSmemBytes = kPersistentQBuffers * kQBytes +
+                                              kStages * 2 * kTileBytes + kPersistentBarrierBytes +
+                                              kAtomBytes;
 
   static_assert(kHeadDim % kSwizzleCols == 0 && kHeadDim <= 256,
                 "head dim: whole 64-column swizzle blocks, at most 256 (wgmma N)");
@@ -202,19 +218,26 @@ enum class Pipeline {
   tma_warp_specialized,          // 4.3
   tma_warp_specialized_overlap,  // 4.4
   tma_ping_pong,                 // 4.5
+  tma_persistent,                // 4.6: persistent CTAs on 4.3, 4.4 or 4.5's consumers (traits.cuh)
 };
 
-// Shared-memory map of one CTA: [ Q (kBlockM, d) | stage s: K (kBlockN, d), V (kBlockN, d)
-// ... | barriers: Q, full[kStages], empty[kStages] ], every tile swizzled.
-template <class Cfg>
+// Shared-memory map of one CTA: [ Q buffers (kBlockM, d) x kQBuffers | stage s: K (kBlockN,
+// d), V (kBlockN, d) ... | barriers: Q full[kQBuffers], K full, V full, K empty, V empty
+// [kStages each], Q empty[kQBuffers] ], every tile swizzled. Steps 4.1-4.5 have one Q
+// buffer and never use Q's empty barrier (their Q is loaded once).
+template <class Cfg, int kQBuffers = 1>
 struct SmemMap {
-  unsigned char* base;  // generic pointer to the Q tile
-  uint32_t q, kv;       // shared addresses of the Q tile and of stage 0
+  unsigned char* base;  // generic pointer to Q buffer 0
+  uint32_t q, kv;       // shared addresses of Q buffer 0 and of stage 0
   __device__ __forceinline__ explicit SmemMap(unsigned char* raw_ptr) {
     const uint32_t raw = ptx::smem_addr(raw_ptr);
     q = atom_aligned(raw);
     base = raw_ptr + (q - raw);
-    kv = q + Cfg::kQBytes;
+    kv = q + kQBuffers * Cfg::kQBytes;
+  }
+  __device__ __forceinline__ uint32_t q_buffer(int buffer) const { return q + buffer * Cfg::kQBytes; }
+  __device__ __forceinline__ unsigned char* q_buffer_ptr(int buffer) const {
+    return base + buffer * Cfg::kQBytes;
   }
   __device__ __forceinline__ uint32_t k_stage(int stage) const {
     return kv + stage * 2 * Cfg::kTileBytes;
@@ -222,7 +245,13 @@ struct SmemMap {
   __device__ __forceinline__ uint32_t v_stage(int stage) const {
     return k_stage(stage) + Cfg::kTileBytes;
   }
-  __device__ __forceinline__ uint32_t q_barrier() const { return k_stage(Cfg::kStages); }
+  __device__ __forceinline__ uint32_t q_full(int buffer) const {
+    return k_stage(Cfg::kStages) + 8u * buffer;
+  }
+  __device__ __forceinline__ uint32_t q_barrier() const { return q_full(0); }
+  __device__ __forceinline__ uint32_t q_empty(int buffer) const {
+    return ring_barrier(4, 0) + 8u * buffer;
+  }
   // The ring's barriers, one of each per stage. K and V complete and are released apart,
   // so the producer can refill a stage's K while its V still feeds a P·V (step 4.4); step
   // 4.2 lands K and V together on k_full.
@@ -233,12 +262,13 @@ struct SmemMap {
 
  private:
   __device__ __forceinline__ uint32_t ring_barrier(int kind, int stage) const {
-    return q_barrier() + 8u * (1 + kind * Cfg::kStages + stage);
+    return q_full(0) + 8u * (kQBuffers + kind * Cfg::kStages + stage);
   }
 };
 
-// What one CTA computes: its query block of one (batch, head), the key tiles that block
-// visits (last-first: tile i is key block blocks.end - 1 - i) and where its rows live.
+// What one CTA computes (one work item, in the persistent kernel): its query block of one
+// (batch, head), the key tiles that block visits (last-first: tile i is key block
+// blocks.end - 1 - i) and where its rows live.
 struct CtaWork {
   int64_t b, h, hk;
   SeqlenInfo<int> seq;
@@ -246,11 +276,20 @@ struct CtaWork {
   int row_start;
   KeyBlocks<int> blocks;
 
+  // The non-persistent grid: (query block, head, batch entry), heaviest blocks first in x.
   __device__ __forceinline__ CtaWork(const AttentionParams& p, int block_m, int block_n)
-      : b(blockIdx.z), h(blockIdx.y), hk(int64_t(blockIdx.y) / p.heads_per_kv()), seq(p, b),
-        mask(seq.mask(p)),
-        row_start(heaviest_first_block(p.window_left, p.window_right, blockIdx.x, gridDim.x) *
-                  block_m) {
+      : CtaWork(p, block_m, block_n,
+                WorkItem{static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.y),
+                         heaviest_first_block(p.window_left, p.window_right,
+                                              static_cast<int>(blockIdx.x),
+                                              static_cast<int>(gridDim.x))}) {}
+  __device__ __forceinline__ CtaWork(const AttentionParams& p, int block_m, int block_n,
+                                     const WorkItem& item)
+      // Through uint32_t: the indices are never negative, and saying so spares the 64-bit
+      // offsets their sign extensions (as blockIdx did).
+      : b(static_cast<uint32_t>(item.batch)), h(static_cast<uint32_t>(item.head)),
+        hk(int64_t(static_cast<uint32_t>(item.head)) / p.heads_per_kv()), seq(p, b),
+        mask(seq.mask(p)), row_start(item.m_block * block_m) {
     // Past this sequence's end (varlen) the block is empty; callers return.
     if (row_start < seq.seqlen_q)
       blocks = key_blocks(mask, row_start, min(row_start + block_m, seq.seqlen_q), block_n);
@@ -607,88 +646,112 @@ inline constexpr int kConsumerRegisters = 240;  // 128·24 + 256·240 <= 64K reg
 
 template <class Cfg>
 inline constexpr int kWsThreads = Cfg::kThreads + kWarpgroupThreads;
+template <class Cfg>
+inline constexpr bool kRegisterSplitFits =
+    kWarpgroupThreads * kProducerRegisters +
+        Cfg::kWarpgroups * kWarpgroupThreads * kConsumerRegisters <= 65536;
+// Each consumer warp arrives once on an "empty" barrier when it is done with the buffer.
+template <class Cfg>
+inline constexpr int kConsumerWarps = Cfg::kWarpgroups * 4;
 
+// The warp-specialised kernels' barriers (thread 0 initialises them; the CTA syncs before
+// anyone waits). Who arrives on each, per phase:
+//   Q full[i]    : the producer's expect_tx (1 arrival) and Q's TMA bytes;
+//   K/V full[s]  : the producer's expect_tx (1 arrival) and the tile's TMA bytes;
+//   K/V empty[s] : each consumer warp, once its wgmma have read the tile (K after S, V
+//                  after P·V);
+//   Q empty[i]   : (step 4.6 only) each consumer warp, once its epilogue has copied O,
+//                  staged over the buffer, out to global memory.
+// Waits: consumers on the full barriers, the producer on the empty ones, each with the
+// parity RingSlot gives for its use of the buffer (tile_schedule.hpp).
+template <class Cfg, int kQBuffers>
+__device__ __forceinline__ void init_ws_barriers(const SmemMap<Cfg, kQBuffers>& smem,
+                                                 bool q_released) {
+  for (int i = 0; i < kQBuffers; ++i) {
+    ptx::mbarrier_init(smem.q_full(i), 1);
+    if (q_released) ptx::mbarrier_init(smem.q_empty(i), kConsumerWarps<Cfg>);
+  }
+  for (int stage = 0; stage < Cfg::kStages; ++stage) {
+    ptx::mbarrier_init(smem.k_full(stage), 1);
+    ptx::mbarrier_init(smem.v_full(stage), 1);
+    ptx::mbarrier_init(smem.k_empty(stage), kConsumerWarps<Cfg>);
+    ptx::mbarrier_init(smem.v_empty(stage), kConsumerWarps<Cfg>);
+  }
+  ptx::mbarrier_init_fence();
+}
+
+// The producer thread: work's Q tile into Q buffer `buffer`, completing on its full barrier.
+template <class Cfg, int kQBuffers>
+__device__ __forceinline__ void produce_q(const SmemMap<Cfg, kQBuffers>& smem, const TmaMaps& maps,
+                                          const CtaWork& work, int buffer) {
+  ptx::mbarrier_arrive_expect_tx(smem.q_full(buffer), Cfg::kQBytes);
+  tma_load_tile<Cfg>(smem.q_buffer(buffer), &maps.q, smem.q_full(buffer), Cfg::kBlockM,
+                     work.seq.q_start + work.row_start, work.h, work.b);
+}
+
+// The producer thread: work's key tiles, which are the CTA's tiles tile_base, tile_base + 1,
+// ... over its lifetime. Before a stage is refilled its previous lap is released: K is
+// waited for alone, so it lands while V still feeds the previous tile's P·V. load_q() runs
+// after the first tiles_before_q tiles (0 <= tiles_before_q <= the tile count).
+template <class Cfg, int kQBuffers, class LoadQ>
+__device__ __forceinline__ void produce_item_tiles(const SmemMap<Cfg, kQBuffers>& smem,
+                                                   const TmaMaps& maps, const CtaWork& work,
+                                                   uint32_t tile_base, int tiles_before_q,
+                                                   LoadQ&& load_q) {
+  auto issue_tile = [&](int tile) {
+    const RingSlot<Cfg::kStages> ring{tile_base + tile};
+    const int stage = ring.slot();
+    const int n0 = work.key_block(tile) * Cfg::kBlockN;
+    if (ring.reused()) ptx::mbarrier_wait(smem.k_empty(stage), ring.released_parity());
+    ptx::mbarrier_arrive_expect_tx(smem.k_full(stage), Cfg::kTileBytes);
+    tma_load_tile<Cfg>(smem.k_stage(stage), &maps.k, smem.k_full(stage), Cfg::kBlockN,
+                       work.seq.k_start + n0, work.hk, work.b);
+    if (ring.reused()) ptx::mbarrier_wait(smem.v_empty(stage), ring.released_parity());
+    ptx::mbarrier_arrive_expect_tx(smem.v_full(stage), Cfg::kTileBytes);
+    tma_load_tile<Cfg>(smem.v_stage(stage), &maps.v, smem.v_full(stage), Cfg::kBlockN,
+                       work.seq.k_start + n0, work.hk, work.b);
+  };
+  for (int tile = 0; tile < tiles_before_q; ++tile) issue_tile(tile);
+  load_q();
+  for (int tile = tiles_before_q; tile < work.n_tiles(); ++tile) issue_tile(tile);
+}
+
+// One consumer warpgroup's key tiles of one work item, the CTA's tiles tile_base, ... over
+// its lifetime, against the Q tile at smem_q (this warpgroup's rows); every wgmma is waited
+// for on return.
 // kOverlap (step 4.4): the softmax of tile j runs while the tensor cores compute P·V of
 // tile j-1: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued back to back, the warpgroup
 // waits for S_j alone, runs the softmax, and only then waits for O, rescales it and packs
 // P_j.
 // kPingPong (step 4.5, with kOverlap): the two consumer warpgroups take turns to issue
 // their GEMMs (named barriers, 3 + c), so one's softmax runs under the other's GEMMs.
-template <class T, class Cfg, bool kOverlap, bool kPingPong, bool kTransformed>
-__global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
-    sm90_ws_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps) {
-  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
-  static_assert(kWarpgroupThreads * kProducerRegisters +
-                        Cfg::kWarpgroups * kWarpgroupThreads * kConsumerRegisters <= 65536,
-                "the register split fits the multiprocessor's 64K registers");
-  extern __shared__ unsigned char smem_raw[];
-  const SmemMap<Cfg> smem(smem_raw);
-  const CtaWork work(p, kBlockM, kBlockN);
-  if (work.idle()) return;
+template <bool kOverlap, bool kPingPong, class Consumer, class Cfg, int kQBuffers>
+__device__ __forceinline__ void consume_item_tiles(Consumer& wg, const SmemMap<Cfg, kQBuffers>& smem,
+                                                   uint32_t smem_q, const CtaWork& work,
+                                                   int consumer, uint32_t tile_base) {
+  constexpr int kStages = Cfg::kStages;
   const int n_tiles = work.n_tiles();
-  const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
-  // Each consumer warp arrives on a stage's "empty" barrier once its wgmma are done with it.
-  constexpr int kConsumerWarps = Cfg::kWarpgroups * 4;
-
-  if (threadIdx.x == 0) {
-    ptx::mbarrier_init(smem.q_barrier(), 1);
-    for (int stage = 0; stage < kStages; ++stage) {
-      ptx::mbarrier_init(smem.k_full(stage), 1);
-      ptx::mbarrier_init(smem.v_full(stage), 1);
-      ptx::mbarrier_init(smem.k_empty(stage), kConsumerWarps);
-      ptx::mbarrier_init(smem.v_empty(stage), kConsumerWarps);
-    }
-    ptx::mbarrier_init_fence();
-  }
-  __syncthreads();  // the barriers are initialised before anyone waits on them
-
-  if (warpgroup == 0) {  // producer
-    ptx::setmaxnreg_dec<kProducerRegisters>();
-    if (threadIdx.x == 0) {
-      ptx::mbarrier_arrive_expect_tx(smem.q_barrier(), Cfg::kQBytes);
-      tma_load_tile<Cfg>(smem.q, &maps.q, smem.q_barrier(), kBlockM,
-                         work.seq.q_start + work.row_start, work.h, work.b);
-      for (int tile = 0; tile < n_tiles; ++tile) {
-        const int stage = tile % kStages;
-        const int n0 = work.key_block(tile) * kBlockN;
-        // The stage's previous K and V (tile - kStages) are released: phase tile/kStages - 1
-        // of their empty barriers. K is waited for alone, so it lands while V still feeds
-        // the previous tile's P·V.
-        const uint32_t released = (tile / kStages + 1) % 2;
-        if (tile >= kStages) ptx::mbarrier_wait(smem.k_empty(stage), released);
-        ptx::mbarrier_arrive_expect_tx(smem.k_full(stage), Cfg::kTileBytes);
-        tma_load_tile<Cfg>(smem.k_stage(stage), &maps.k, smem.k_full(stage), kBlockN,
-                           work.seq.k_start + n0, work.hk, work.b);
-        if (tile >= kStages) ptx::mbarrier_wait(smem.v_empty(stage), released);
-        ptx::mbarrier_arrive_expect_tx(smem.v_full(stage), Cfg::kTileBytes);
-        tma_load_tile<Cfg>(smem.v_stage(stage), &maps.v, smem.v_full(stage), kBlockN,
-                           work.seq.k_start + n0, work.hk, work.b);
-      }
-    }
-    return;
-  }
-
-  ptx::setmaxnreg_inc<kConsumerRegisters>();
-  const int consumer = warpgroup - 1;
-  using Consumer = ConsumerWarpgroup<T, Cfg, kTransformed>;
-  Consumer wg(consumer, p, work);
-  ptx::mbarrier_wait(smem.q_barrier(), 0);
-  if (Consumer::needs_q_sign_flip(p)) wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
-  const auto phase = [](int tile) { return uint32_t(tile / kStages) % 2; };
-  auto wait_k = [&](int tile) { ptx::mbarrier_wait(smem.k_full(tile % kStages), phase(tile)); };
-  auto wait_v = [&](int tile) { ptx::mbarrier_wait(smem.v_full(tile % kStages), phase(tile)); };
+  const auto ring = [&](int tile) { return RingSlot<kStages>{tile_base + tile}; };
+  const auto k_tile = [&](int tile) { return smem.k_stage(ring(tile).slot()); };
+  const auto v_tile = [&](int tile) { return smem.v_stage(ring(tile).slot()); };
+  auto wait_k = [&](int tile) {
+    ptx::mbarrier_wait(smem.k_full(ring(tile).slot()), ring(tile).full_parity());
+  };
+  auto wait_v = [&](int tile) {
+    ptx::mbarrier_wait(smem.v_full(ring(tile).slot()), ring(tile).full_parity());
+  };
   // One arrival per consumer warp, once its wgmma have finished reading the tile.
   auto release_k = [&](int tile) {
-    if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.k_empty(tile % kStages));
+    if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.k_empty(ring(tile).slot()));
   };
   auto release_v = [&](int tile) {
-    if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.v_empty(tile % kStages));
+    if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.v_empty(ring(tile).slot()));
   };
   if constexpr (!kOverlap) {
     for (int tile = 0; tile < n_tiles; ++tile) {
       wait_k(tile);
-      wg.tile(smem.q, smem.k_stage(tile % kStages), smem.v_stage(tile % kStages), work,
-              work.key_block(tile), [&] { release_k(tile); }, [&] { wait_v(tile); });
+      wg.tile(smem_q, k_tile(tile), v_tile(tile), work, work.key_block(tile),
+              [&] { release_k(tile); }, [&] { wait_v(tile); });
       release_v(tile);
     }
   } else if (n_tiles > 0) {
@@ -696,7 +759,8 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     // GEMM phases: S_0; then S_j with P_{j-1}·V_{j-1}; then P_{n-1}·V_{n-1}. Under
     // ping-pong consumer c waits for its turn before each phase and hands the turn over
     // once the phase is issued; consumer 1 lets consumer 0 go first and skips its last
-    // hand-over, so every arrival is matched by a wait.
+    // hand-over, so every arrival is matched by a wait within the item (both consumers run
+    // the same items and tiles, so the turns start afresh on the next one).
     constexpr int kBothConsumers = 2 * kWarpgroupThreads;
     auto take_turn = [&] {
       if constexpr (kPingPong) ptx::named_barrier_sync(turn_barrier_id(consumer), kBothConsumers);
@@ -715,7 +779,7 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     float alpha[2];
     wait_k(0);
     take_turn();
-    wg.issue_scores(smem.q, smem.k_stage(0));
+    wg.issue_scores(smem_q, k_tile(0));
     hand_over(false);
     ptx::wgmma_wait<0>();
     fence_registers(wg.s);
@@ -725,10 +789,10 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     if (n_tiles > 1) wait_k(1);
     for (int tile = 1; tile < n_tiles; ++tile) {
       take_turn();
-      wg.issue_scores(smem.q, smem.k_stage(tile % kStages));
+      wg.issue_scores(smem_q, k_tile(tile));
       wg.rescale_o(alpha);
       wait_v(tile - 1);
-      wg.issue_pv(p_frag, smem.v_stage((tile - 1) % kStages));
+      wg.issue_pv(p_frag, v_tile(tile - 1));
       hand_over(false);
       ptx::wgmma_wait<1>();  // S of this tile (the older group) has landed
       fence_registers(wg.s);
@@ -746,14 +810,133 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     take_turn();
     wg.rescale_o(alpha);
     wait_v(n_tiles - 1);
-    wg.issue_pv(p_frag, smem.v_stage((n_tiles - 1) % kStages));
+    wg.issue_pv(p_frag, v_tile(n_tiles - 1));
     hand_over(true);
     ptx::wgmma_wait<0>();
     fence_registers(wg.o);
     release_v(n_tiles - 1);
   }
+}
+
+// Steps 4.3-4.5: one query block per CTA (the grid of launch_sm90_kernel).
+template <class T, class Cfg, bool kOverlap, bool kPingPong, bool kTransformed>
+__global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
+    sm90_ws_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps) {
+  static_assert(kRegisterSplitFits<Cfg>, "the register split fits the multiprocessor's 64K registers");
+  extern __shared__ unsigned char smem_raw[];
+  const SmemMap<Cfg> smem(smem_raw);
+  const CtaWork work(p, Cfg::kBlockM, Cfg::kBlockN);
+  if (work.idle()) return;
+  const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
+  if (threadIdx.x == 0) init_ws_barriers(smem, /*q_released=*/false);
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+
+  if (warpgroup == 0) {  // producer: Q (phase 0 of its full barrier), then every tile
+    ptx::setmaxnreg_dec<kProducerRegisters>();
+    if (threadIdx.x == 0)
+      produce_item_tiles(smem, maps, work, /*tile_base=*/0, /*tiles_before_q=*/0,
+                         [&] { produce_q(smem, maps, work, 0); });
+    return;
+  }
+
+  ptx::setmaxnreg_inc<kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  using Consumer = ConsumerWarpgroup<T, Cfg, kTransformed>;
+  Consumer wg(consumer, p, work);
+  ptx::mbarrier_wait(smem.q_full(0), 0);
+  if (Consumer::needs_q_sign_flip(p)) wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
+  consume_item_tiles<kOverlap, kPingPong>(wg, smem, smem.q, work, consumer, /*tile_base=*/0);
   wg.epilogue(p, work, smem.base, consumer_barrier_id(consumer));
 }
+
+// Step 4.6 (Pipeline::tma_persistent): the consumers of 4.3 (kOverlap false), 4.4
+// (kOverlap) or 4.5 (kOverlap, kPingPong) in a persistent CTA. The grid is one CTA per
+// resident slot; CTA x computes one work item per round, TileSchedule::item_index(x, grid,
+// round) (heaviest first, snaking: tile_schedule.hpp), and every thread walks that sequence
+// itself. The producer runs ahead across items: once an item's last tile is issued it
+// issues the next item's Q and first tiles while the consumers finish this item's last
+// tiles and epilogue. Counted over the CTA's lifetime (RingSlot): the key tiles
+// (tile_base), for the K/V ring; the items (items_done), for the Q buffers: the CTA's k-th
+// item uses Q buffer k % kQBuffers, whose full barrier completes phase k / kQBuffers when
+// its Q lands, and whose empty barrier completes one when both consumers have copied O
+// (staged over it by the epilogue) out; the producer refills a buffer only after that, so
+// the epilogue never stages O over a Q tile being loaded. With two buffers the next Q
+// loads while this item computes; with one (d=256), after the next item's first tiles
+// (tiles_before_q).
+template <class T, class Cfg, bool kOverlap, bool kPingPong, bool kTransformed>
+__global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
+    sm90_persistent_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps,
+                                   const TileSchedule schedule) {
+  static_assert(kRegisterSplitFits<Cfg>, "the register split fits the multiprocessor's 64K registers");
+  static_assert(Cfg::kPersistentSmemBytes <= kSmemLimit,
+                "the Q buffers and the K/V ring fit the 227 KB of shared memory");
+  constexpr int kQBuffers = Cfg::kPersistentQBuffers;
+  extern __shared__ unsigned char smem_raw[];
+  const SmemMap<Cfg, kQBuffers> smem(smem_raw);
+  const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
+  const int cta = static_cast<int>(blockIdx.x), grid = static_cast<int>(gridDim.x);
+  if (threadIdx.x == 0) init_ws_barriers(smem, /*q_released=*/true);
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+
+  if (warpgroup == 0) {  // producer
+    ptx::setmaxnreg_dec<kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      uint32_t tile_base = 0, items_done = 0;
+      for (int round = 0; round < schedule.rounds(grid); ++round) {
+        const int index = TileSchedule::item_index(cta, grid, round);
+        if (index >= schedule.items()) continue;  // the last round, partial
+        const CtaWork work(p, Cfg::kBlockM, Cfg::kBlockN, schedule.item(index));
+        const RingSlot<kQBuffers> q_use{items_done++};
+        // The buffer's previous item is released (its epilogue is done), then this Q.
+        auto load_q = [&] {
+          if (q_use.reused())
+            ptx::mbarrier_wait(smem.q_empty(q_use.slot()), q_use.released_parity());
+          produce_q(smem, maps, work, q_use.slot());
+        };
+        produce_item_tiles(smem, maps, work, tile_base,
+                           tiles_before_q<Cfg::kStages, kQBuffers>(work.n_tiles()), load_q);
+        tile_base += work.n_tiles();
+      }
+    }
+    return;
+  }
+
+  ptx::setmaxnreg_inc<kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  using Consumer = ConsumerWarpgroup<T, Cfg, kTransformed>;
+  uint32_t tile_base = 0, items_done = 0;
+  for (int round = 0; round < schedule.rounds(grid); ++round) {
+    const int index = TileSchedule::item_index(cta, grid, round);
+    if (index >= schedule.items()) continue;  // the last round, partial
+    const CtaWork work(p, Cfg::kBlockM, Cfg::kBlockN, schedule.item(index));
+    const RingSlot<kQBuffers> q_use{items_done++};
+    const int buffer = q_use.slot();
+    Consumer wg(consumer, p, work);  // O, m and l start afresh for each item
+    ptx::mbarrier_wait(smem.q_full(buffer), q_use.full_parity());
+    if (Consumer::needs_q_sign_flip(p))
+      wg.flip_q_sign(smem.q_buffer_ptr(buffer), consumer_barrier_id(consumer));
+    consume_item_tiles<kOverlap, kPingPong>(wg, smem, smem.q_buffer(buffer), work, consumer,
+                                            tile_base);
+    // The epilogue's shared-memory offsets depend on the lane alone, so ptxas hoisted them
+    // out of the item loop, and at d=256 the 15 it kept live across the tiles spilled (STL
+    // before the loop, LDL in each epilogue). An opaque copy of the lane keeps them here.
+    uint32_t lane = static_cast<uint32_t>(wg.frag.lane);
+    ptx::fence_register(lane);
+    wg.frag.lane = static_cast<int>(lane);
+    wg.epilogue(p, work, smem.q_buffer_ptr(buffer), consumer_barrier_id(consumer));
+    // Release the buffer: this thread's generic accesses to it are ordered before the TMA
+    // (async proxy) refill, the warp's reads are done, then one arrival per warp.
+    ptx::fence_proxy_async_shared();
+    __syncwarp();
+    if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.q_empty(buffer));
+    tile_base += work.n_tiles();
+  }
+}
+
+// FLASHTILE_SM90_PERSISTENT_CTAS=n (n >= 1): at most n CTAs in step 4.6's grid, so that
+// small shapes give each CTA many work items (tests, compute-sanitizer runs); 0 when unset.
+// Defined in dispatch.cu, which reads the pipeline pin the same way.
+int persistent_cta_cap();
 
 template <class Kernel>
 void set_smem_limit(Kernel* kernel, int bytes) {
@@ -772,6 +955,29 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
     set_smem_limit(kernel, Cfg::kSmemBytes);
     kernel<<<grid, threads, Cfg::kSmemBytes, stream>>>(p, maps);
   };
+  // Step 4.6: as many CTAs as stay resident at once (SMs x CTAs per SM), at most one per item.
+  auto launch_persistent = [&](auto* kernel) {
+    set_smem_limit(kernel, Cfg::kPersistentSmemBytes);
+    const TileSchedule schedule{static_cast<int>(p.batch), static_cast<int>(p.heads_q),
+                                static_cast<int>(grid.x), p.window_left, p.window_right};
+    int sms = 0, per_sm = 0;
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index),
+               "cudaDeviceGetAttribute(multiprocessor count)");
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWsThreads<Cfg>,
+                                                             Cfg::kPersistentSmemBytes),
+               "cudaOccupancyMaxActiveBlocksPerMultiprocessor(cuda_sm90 persistent kernel)");
+    const int cap = persistent_cta_cap();
+    const int64_t resident = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
+    const int64_t slots = cap > 0 && cap < resident ? cap : resident;
+    const int64_t items = schedule.items_64();
+    if (items == 0) return;
+    const int ctas = static_cast<int>(items < slots ? items : slots);
+    if (!schedule.fits_int32(ctas))
+      throw Error(ErrorKind::unsupported,
+                  "cuda_sm90 tma_persistent: batch x heads x query blocks must stay below 2^31; got " +
+                      std::to_string(items));
+    kernel<<<ctas, kWsThreads<Cfg>, Cfg::kPersistentSmemBytes, stream>>>(p, maps, schedule);
+  };
   switch (pipeline) {
     case Pipeline::cp_async:
       launch(&sm90_forward_kernel<T, Cfg, false, kTransformed>, Cfg::kThreads);
@@ -787,6 +993,10 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
       break;
     case Pipeline::tma_ping_pong:
       launch(&sm90_ws_forward_kernel<T, Cfg, true, true, kTransformed>, kWsThreads<Cfg>);
+      break;
+    case Pipeline::tma_persistent:
+      launch_persistent(&sm90_persistent_forward_kernel<T, Cfg, Cfg::kPersistentOverlap,
+                                                        Cfg::kPersistentPingPong, kTransformed>);
       break;
   }
   check_launch("cuda_sm90 forward kernel");

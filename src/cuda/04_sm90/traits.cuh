@@ -20,14 +20,22 @@ struct Sm90Traits;
 // in one H200 call (bf16, seqlen 512-16k; docs/JOURNEY.md, step 4.4 on split barriers):
 // the overlapped pipelines (4.4, 4.5) pay where a CTA walks many key tiles and lose on short
 // causal calls, whose diagonal blocks walk few (their first S and last P·V run alone).
+//
+// kPersistentOverlap, kPersistentPingPong: the consumers step 4.6 (Pipeline::tma_persistent,
+// never taken by dense_pipeline: not yet measured) runs, those of the pipeline measured
+// fastest at 16k for the head dim: 4.3 (neither), 4.4 (overlap) or 4.5 (both).
 template <>
 struct Sm90Traits<64> : Sm90Config<64, 128, 2, 2, 1> {
+  // 4.3 410 / 404 TFLOP/s (full / causal, bf16 16k), 4.4 404 / 391, 4.5 407 / 391.
+  static constexpr bool kPersistentOverlap = false, kPersistentPingPong = false;
   // 4.3: 4.4 and 4.5 measured 1-14% slower at 4k-16k (most at causal 4k), 4.4 up to 33%
   // slower at 512-2k causal.
   static Pipeline dense_pipeline(const AttentionParams&) { return Pipeline::tma_warp_specialized; }
 };
 template <>
 struct Sm90Traits<128> : Sm90Config<128, 128, 2, 2, 1> {
+  // 4.5 590 / 565, 4.4 556 / 543, 4.3 544 / 534.
+  static constexpr bool kPersistentOverlap = true, kPersistentPingPong = true;
   // Full: 4.5 from 4k (+6-9% over 4.3), 4.4 below (+2-3%; 4.5 not measured there).
   // Causal: 4.5 from 8k (+4-6% at 16k, even with 4.3 at 4k), 4.3 below (4.4 9-26% slower
   // at 512-2k).
@@ -41,6 +49,8 @@ struct Sm90Traits<128> : Sm90Config<128, 128, 2, 2, 1> {
 // 64 KB of Q + 2·2·32 KB of K/V = 192 KB.
 template <>
 struct Sm90Traits<256> : Sm90Config<256, 64, 2, 2, 1> {
+  // 4.4 634 / 610, 4.5 625 / 610, 4.3 587 / 570.
+  static constexpr bool kPersistentOverlap = true, kPersistentPingPong = false;
   // 4.4: +3-8% over 4.3 full at every length and causal from 2k; 4.3 causal below 2k (4.4
   // 2-5% slower). 4.5 within 3% of 4.4 at 4k-16k.
   static Pipeline dense_pipeline(const AttentionParams& p) {
@@ -48,6 +58,18 @@ struct Sm90Traits<256> : Sm90Config<256, 64, 2, 2, 1> {
                                               : Pipeline::tma_warp_specialized_overlap;
   }
 };
+
+// The shared-memory budget of every kernel, per head dim (the persistent one double-buffers Q
+// where it fits: Sm90Config::kPersistentQBuffers).
+static_assert(Sm90Traits<64>::kSmemBytes <= kSmemLimit && Sm90Traits<64>::kPersistentSmemBytes <= kSmemLimit,
+              "d=64: Q (16 KB, x2 persistent) and the K/V ring (64 KB) fit 227 KB");
+static_assert(Sm90Traits<128>::kSmemBytes <= kSmemLimit && Sm90Traits<128>::kPersistentSmemBytes <= kSmemLimit,
+              "d=128: Q (32 KB, x2 persistent) and the K/V ring (128 KB) fit 227 KB");
+static_assert(Sm90Traits<256>::kSmemBytes <= kSmemLimit && Sm90Traits<256>::kPersistentSmemBytes <= kSmemLimit,
+              "d=256: Q (64 KB, one buffer) and the K/V ring (128 KB) fit 227 KB");
+static_assert(Sm90Traits<64>::kPersistentQBuffers == 2 && Sm90Traits<128>::kPersistentQBuffers == 2 &&
+                  Sm90Traits<256>::kPersistentQBuffers == 1,
+              "the Q buffering the journey's 4.6 note describes");
 
 template <class T, int kHeadDim>
 void run_sm90_forward(const AttentionParams& p, cudaStream_t stream, std::optional<Pipeline> pinned) {

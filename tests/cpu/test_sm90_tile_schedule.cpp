@@ -1,0 +1,249 @@
+// cuda_sm90 step 4.6's scheduling arithmetic on the host (src/cuda/04_sm90/tile_schedule.hpp):
+// the persistent CTAs' item sequences cover every (batch, head, query block) exactly once,
+// heaviest first under a causal mask, with balanced totals; and the ring counts kept over a
+// CTA's lifetime (tiles across items, Q buffers across items) drive a model of the kernel's
+// mbarrier protocol without a deadlock, a stale read or an overwrite of unread data.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/block_range.hpp"
+#include "attn/mask.hpp"
+#include "cuda/04_sm90/tile_schedule.hpp"
+
+namespace flashtile::detail::sm90 {
+namespace {
+
+constexpr int kBlockM = 128, kBlockN = 128;  // cuda_sm90's tiles at d=64 and 128
+
+struct MaskCase {
+  int64_t left, right;
+  const char* name;
+};
+constexpr MaskCase kMasks[] = {
+    {-1, -1, "full"}, {-1, 0, "causal"}, {300, 0, "causal window"}, {40, -1, "left only"},
+    {-1, 3, "right only"}, {5, 7, "both sides"}};
+
+// Key tiles query block m visits: the weight the heaviest-first order sorts by.
+int item_tiles(const MaskCase& mask, int sq, int sk, int m_block) {
+  const Mask<int> m(mask.left, mask.right, sq, sk);
+  const int row0 = m_block * kBlockM;
+  return key_blocks(m, row0, std::min(row0 + kBlockM, sq), kBlockN).count();
+}
+
+std::string describe(const TileSchedule& s, int sq, int sk, int grid, const char* mask) {
+  return std::string(mask) + " batch " + std::to_string(s.batch) + " heads " +
+         std::to_string(s.heads) + " sq " + std::to_string(sq) + " sk " + std::to_string(sk) +
+         " grid " + std::to_string(grid);
+}
+
+// Every CTA of every grid size walks its stride; together they name each item once.
+TEST(Sm90TileSchedule, PersistentCtasCoverEveryItemOnce) {
+  for (const MaskCase& mask : kMasks)
+    for (int batch : {1, 2, 3})
+      for (int heads : {1, 2, 5, 16})
+        for (int sq : {1, 100, 128, 129, 1000, 4096})
+          for (int sk : {1, 129, 1000, 4096})
+            for (int grid : {1, 2, 7, 64, 132, 264, 5000}) {
+              const TileSchedule s{batch, heads, (sq + kBlockM - 1) / kBlockM, mask.left, mask.right};
+              SCOPED_TRACE(describe(s, sq, sk, grid, mask.name));
+              ASSERT_TRUE(s.fits_int32(grid));
+              std::vector<int> seen(size_t(s.items()), 0);
+              for (int cta = 0; cta < grid; ++cta)
+                for (int round = 0; round < s.rounds(grid); ++round) {
+                  const int index = TileSchedule::item_index(cta, grid, round);
+                  ASSERT_GE(index, 0);
+                  if (index >= s.items()) {
+                    ASSERT_EQ(round, s.rounds(grid) - 1) << "only the last round is partial";
+                    continue;
+                  }
+                  const WorkItem w = s.item(index);
+                  ASSERT_TRUE(w.batch >= 0 && w.batch < batch && w.head >= 0 && w.head < heads &&
+                              w.m_block >= 0 && w.m_block < s.m_blocks)
+                      << "item " << index << " -> (" << w.batch << ", " << w.head << ", "
+                      << w.m_block << ")";
+                  ++seen[(size_t(w.batch) * heads + w.head) * s.m_blocks + w.m_block];
+                }
+              for (size_t i = 0; i < seen.size(); ++i)
+                ASSERT_EQ(seen[i], 1) << "item (b·h, m) = (" << i / s.m_blocks << ", "
+                                      << i % s.m_blocks << ")";
+            }
+}
+
+// Causal and one-sided windows: the list never gets heavier, and the snaking rounds balance
+// the CTAs' totals: within two rounds' spread of weights, plus the last round's heaviest
+// item when that round is partial (a plain stride x, x + G, ... fails this on the causal
+// cases). Full attention: each (batch, head)'s blocks stay
+// together (and weigh the same).
+TEST(Sm90TileSchedule, HeaviestFirstAndBalanced) {
+  for (const MaskCase& mask : kMasks)
+    for (int heads : {1, 3, 16})
+      for (int sq : {129, 1000, 4096, 16384})
+        for (int sk : {sq, sq / 2 + 1, 2 * sq})
+          for (int grid : {7, 132}) {
+            const TileSchedule s{2, heads, (sq + kBlockM - 1) / kBlockM, mask.left, mask.right};
+            SCOPED_TRACE(describe(s, sq, sk, grid, mask.name));
+            const bool sorted = mask.right == 0 || (mask.left >= 0 && mask.right < 0) ||
+                                (mask.left < 0 && mask.right < 0);
+            int heaviest = 0;
+            for (int i = 0; i < s.items(); ++i) {
+              const WorkItem w = s.item(i);
+              const int tiles = item_tiles(mask, sq, sk, w.m_block);
+              heaviest = std::max(heaviest, tiles);
+              if (i == 0) continue;
+              const WorkItem prev = s.item(i - 1);
+              if (sorted)
+                ASSERT_LE(tiles, item_tiles(mask, sq, sk, prev.m_block)) << "item " << i;
+              if (!s.masked() && w.m_block != 0)
+                ASSERT_TRUE(w.batch == prev.batch && w.head == prev.head &&
+                            w.m_block == prev.m_block + 1)
+                    << "item " << i;
+            }
+            if (!sorted) continue;
+            std::vector<int64_t> total(size_t(grid), 0);
+            int64_t widest_round = 0;  // the largest spread of weights inside one round
+            int64_t partial_round = 0;  // the heaviest item of a partial last round: some CTAs
+                                        // have none
+            for (int round = 0; round < s.rounds(grid); ++round) {
+              int lightest = heaviest, heaviest_here = 0;
+              for (int cta = 0; cta < grid; ++cta) {
+                const int index = TileSchedule::item_index(cta, grid, round);
+                if (index >= s.items()) continue;
+                const int tiles = item_tiles(mask, sq, sk, s.item(index).m_block);
+                total[size_t(cta)] += tiles;
+                lightest = std::min(lightest, tiles), heaviest_here = std::max(heaviest_here, tiles);
+              }
+              widest_round = std::max<int64_t>(widest_round, heaviest_here - lightest);
+              if (round == s.rounds(grid) - 1 && s.items() % grid != 0) partial_round = heaviest_here;
+            }
+            const auto [lo, hi] = std::minmax_element(total.begin(), total.end());
+            EXPECT_LE(*hi - *lo, 2 * widest_round + partial_round)
+                << "spread " << *hi - *lo << ", widest round " << widest_round
+                << ", partial last round's heaviest " << partial_round;
+          }
+}
+
+TEST(Sm90TileSchedule, RingSlotCountsLapsAndParities) {
+  for (uint32_t count = 0; count < 40; ++count) {
+    const RingSlot<3> three{count};
+    EXPECT_EQ(three.slot(), int(count % 3));
+    EXPECT_EQ(three.full_parity(), (count / 3) % 2);
+    EXPECT_EQ(three.reused(), count >= 3);
+    if (count >= 3) EXPECT_EQ(three.released_parity(), ((count - 3) / 3) % 2);
+    const RingSlot<1> one{count};
+    EXPECT_EQ(one.slot(), 0);
+    EXPECT_EQ(one.full_parity(), count % 2);
+  }
+}
+
+// A model of an mbarrier: phases complete one after another; a wait for parity P passes once
+// the phase of that parity has completed, i.e. while the current phase's parity is not P
+// (the PTX ISA's mbarrier.try_wait.parity).
+struct ModelBarrier {
+  uint32_t completed = 0;
+  bool passes(uint32_t parity) const { return completed % 2 != parity; }
+};
+
+// One buffer ring with its full/empty barriers; each buffer remembers which use it holds.
+struct ModelRing {
+  std::vector<ModelBarrier> full, empty;
+  std::vector<int64_t> held;     // the use a buffer holds, -1 if none
+  std::vector<bool> read;        // whether the consumer is done with it
+  explicit ModelRing(int slots) : full(slots), empty(slots), held(slots, -1), read(slots, true) {}
+};
+
+// The kernel's protocol (sm90_persistent_forward_kernel), one step at a time: the producer
+// walks its items issuing tiles_before_q tiles, the item's Q, then the rest; the consumer
+// waits for the item's Q, consumes each tile (waiting for it to be full, then releasing it),
+// and releases Q after the epilogue. Both count tiles and items over the CTA's lifetime
+// through RingSlot. Random interleavings; every blocked wait must eventually pass.
+template <int kStages, int kQBuffers>
+void run_protocol(const std::vector<int>& tiles_per_item, std::mt19937& gen) {
+  struct Op {
+    bool is_q;
+    int64_t use;  // the tile's lifetime count, or the item's ordinal
+  };
+  std::vector<Op> producer, consumer;
+  int64_t tile_count = 0;
+  for (size_t item = 0; item < tiles_per_item.size(); ++item) {
+    const int n = tiles_per_item[item];
+    const int before_q = tiles_before_q<kStages, kQBuffers>(n);
+    ASSERT_TRUE(before_q >= 0 && before_q <= n);
+    for (int t = 0; t < before_q; ++t) producer.push_back({false, tile_count + t});
+    producer.push_back({true, int64_t(item)});
+    for (int t = before_q; t < n; ++t) producer.push_back({false, tile_count + t});
+    consumer.push_back({true, int64_t(item)});  // waits for Q, releases it after the item
+    for (int t = 0; t < n; ++t) consumer.push_back({false, tile_count + t});
+    consumer.push_back({true, -1 - int64_t(item)});  // the release of Q after the epilogue
+    tile_count += n;
+  }
+  ModelRing kv(kStages), q(kQBuffers);
+  size_t next_produce = 0, next_consume = 0;
+  std::bernoulli_distribution producer_turn(0.5);
+  while (next_produce < producer.size() || next_consume < consumer.size()) {
+    bool moved = false;
+    const bool producer_first = producer_turn(gen);
+    for (int side = 0; side < 2 && !moved; ++side) {
+      const bool is_producer = (side == 0) == producer_first;
+      if (is_producer && next_produce < producer.size()) {
+        const Op op = producer[next_produce];
+        ModelRing& ring = op.is_q ? q : kv;
+        const uint32_t use = static_cast<uint32_t>(op.use);
+        const int slot = op.is_q ? RingSlot<kQBuffers>{use}.slot() : RingSlot<kStages>{use}.slot();
+        const bool reused = op.is_q ? RingSlot<kQBuffers>{use}.reused() : RingSlot<kStages>{use}.reused();
+        const uint32_t parity = op.is_q ? RingSlot<kQBuffers>{use}.released_parity()
+                                        : RingSlot<kStages>{use}.released_parity();
+        if (reused && !ring.empty[slot].passes(parity)) continue;  // blocked
+        ASSERT_TRUE(ring.read[slot]) << (op.is_q ? "Q" : "tile") << " use " << use
+                                     << " overwrites unread use " << ring.held[slot];
+        ring.held[slot] = op.use, ring.read[slot] = false;
+        ++ring.full[slot].completed;  // the copy lands
+        ++next_produce, moved = true;
+      } else if (!is_producer && next_consume < consumer.size()) {
+        const Op op = consumer[next_consume];
+        if (op.is_q && op.use < 0) {  // release Q
+          const uint32_t item = static_cast<uint32_t>(-1 - op.use);
+          const int slot = RingSlot<kQBuffers>{item}.slot();
+          q.read[slot] = true;
+          ++q.empty[slot].completed;
+          ++next_consume, moved = true;
+          continue;
+        }
+        ModelRing& ring = op.is_q ? q : kv;
+        const uint32_t use = static_cast<uint32_t>(op.use);
+        const int slot = op.is_q ? RingSlot<kQBuffers>{use}.slot() : RingSlot<kStages>{use}.slot();
+        const uint32_t parity = op.is_q ? RingSlot<kQBuffers>{use}.full_parity()
+                                        : RingSlot<kStages>{use}.full_parity();
+        if (!ring.full[slot].passes(parity)) continue;  // blocked
+        ASSERT_EQ(ring.held[slot], op.use) << (op.is_q ? "Q" : "tile") << " read the wrong use";
+        if (!op.is_q) {  // a tile is released once read; Q only after the epilogue
+          ring.read[slot] = true;
+          ++ring.empty[slot].completed;
+        }
+        ++next_consume, moved = true;
+      }
+    }
+    ASSERT_TRUE(moved) << "deadlock: producer at op " << next_produce << " of " << producer.size()
+                       << ", consumer at op " << next_consume << " of " << consumer.size();
+  }
+}
+
+TEST(Sm90TileSchedule, LifetimeCountsDriveTheRingsAcrossItems) {
+  std::mt19937 gen(9);
+  std::uniform_int_distribution<int> items(1, 12), tiles(0, 9);
+  for (int trial = 0; trial < 400; ++trial) {
+    std::vector<int> tiles_per_item(size_t(items(gen)));
+    for (int& n : tiles_per_item) n = trial % 7 == 0 ? 0 : tiles(gen);  // some with no tile
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    ASSERT_NO_FATAL_FAILURE((run_protocol<2, 2>(tiles_per_item, gen)));
+    ASSERT_NO_FATAL_FAILURE((run_protocol<2, 1>(tiles_per_item, gen)));
+    ASSERT_NO_FATAL_FAILURE((run_protocol<3, 1>(tiles_per_item, gen)));
+  }
+}
+
+}  // namespace
+}  // namespace flashtile::detail::sm90
