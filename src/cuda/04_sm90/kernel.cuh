@@ -924,6 +924,12 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     ptx::fence_register(lane);
     wg.frag.lane = static_cast<int>(lane);
     wg.epilogue(p, work, smem.q_buffer_ptr(buffer), consumer_barrier_id(consumer));
+    // Every warp of the warpgroup has read the staged O before any of them moves on. With one
+    // Q buffer (d=256) the next item's staging writes were ordered after these reads only
+    // through the Q empty/full mbarriers and the TMA between them, and racecheck reported
+    // them (192 errors, d=256 only); with two buffers the next item's epilogue barrier
+    // already stood between them.
+    ptx::named_barrier_sync(consumer_barrier_id(consumer), kWarpgroupThreads);
     // Release the buffer: this thread's generic accesses to it are ordered before the TMA
     // (async proxy) refill, the warp's reads are done, then one arrival per warp.
     ptx::fence_proxy_async_shared();
