@@ -42,6 +42,16 @@ VARIANTS = [
 ]
 
 
+def varlen_case(rng, lengths_q, lengths_k, seqused_k, heads_q=4, heads_kv=2, head_dim=16):
+    """A packed fp32 batch: q, k, v, cu_seqlens_q, cu_seqlens_k and seqused_k (int32)."""
+    cu_q = np.concatenate([[0], np.cumsum(lengths_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lengths_k)]).astype(np.int32)
+    q = rng.uniform(-1, 1, (cu_q[-1], heads_q, head_dim)).astype(np.float32)
+    k = rng.uniform(-1, 1, (cu_k[-1], heads_kv, head_dim)).astype(np.float32)
+    v = rng.uniform(-1, 1, (cu_k[-1], heads_kv, head_dim)).astype(np.float32)
+    return q, k, v, cu_q, cu_k, np.array(seqused_k, np.int32)
+
+
 def variant_args(rng, variant, heads_q):
     args = {k: v for k, v in variant.items() if k not in ("alibi", "sinks")}
     if variant.get("alibi"):
@@ -88,13 +98,7 @@ def test_numpy_16_bit(dtype):
 
 def test_varlen_numpy_with_empty_and_length_one_sequences():
     rng = np.random.default_rng(RNG_SEED)
-    lengths_q, lengths_k = [3, 0, 1, 20], [5, 2, 1, 18]
-    cu_q = np.concatenate([[0], np.cumsum(lengths_q)]).astype(np.int32)
-    cu_k = np.concatenate([[0], np.cumsum(lengths_k)]).astype(np.int32)
-    seqused_k = np.array([5, 0, 1, 11], np.int32)
-    q = rng.uniform(-1, 1, (cu_q[-1], 4, 16)).astype(np.float32)
-    k = rng.uniform(-1, 1, (cu_k[-1], 2, 16)).astype(np.float32)
-    v = rng.uniform(-1, 1, (cu_k[-1], 2, 16)).astype(np.float32)
+    q, k, v, cu_q, cu_k, seqused_k = varlen_case(rng, [3, 0, 1, 20], [5, 2, 1, 18], [5, 0, 1, 11])
     args = variant_args(rng, {"causal": True, "softcap": 2.0, "sinks": True}, 4)
     out, lse = flashtile.attention_varlen(q, k, v, cu_q, cu_k, seqused_k=seqused_k,
                                           return_lse=True, **args)
@@ -147,13 +151,7 @@ def test_varlen_lse_gradient_on_rows_that_see_no_key(sinks):
     """Sequence 1 has queries and no used key: lse -inf (or the sink's logit), P = 0; its rows'
     dlse must give no NaN, and with sinks it reaches dsinks (∂lse/∂sink = 1 there)."""
     rng = np.random.default_rng(RNG_SEED)
-    lengths_q, lengths_k = [3, 4, 1, 20], [5, 2, 1, 18]
-    cu_q = np.concatenate([[0], np.cumsum(lengths_q)]).astype(np.int32)
-    cu_k = np.concatenate([[0], np.cumsum(lengths_k)]).astype(np.int32)
-    seqused_k = np.array([5, 0, 1, 11], np.int32)
-    q = rng.uniform(-1, 1, (cu_q[-1], 4, 16)).astype(np.float32)
-    k = rng.uniform(-1, 1, (cu_k[-1], 2, 16)).astype(np.float32)
-    v = rng.uniform(-1, 1, (cu_k[-1], 2, 16)).astype(np.float32)
+    q, k, v, cu_q, cu_k, seqused_k = varlen_case(rng, [3, 4, 1, 20], [5, 2, 1, 18], [5, 0, 1, 11])
     args = variant_args(rng, {"causal": True, "softcap": 2.0, "sinks": sinks}, 4)
     out, lse = flashtile.attention_varlen(q, k, v, cu_q, cu_k, seqused_k=seqused_k,
                                           return_lse=True, **args)

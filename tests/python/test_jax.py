@@ -6,6 +6,7 @@ docs/VARIANTS.md without the library); gradients against jax.grad of `jnp_attent
 plain-jnp attention with every variant that shares nothing with flashtile.jax's backward.
 """
 
+import functools
 import re
 import subprocess
 import sys
@@ -264,6 +265,17 @@ def backward_path(fn, *args):
     return compiled_with_path(fn, *args)[1]
 
 
+def out_and_lse_loss(attention, *, static, weights, lse_weights, **kw):
+    """fn(q, k, v, arrays): Σ out·weights + Σ lse·lse_weights of one attention call, with
+    return_lse among kw. LSE rows of -inf (no key, no sink) have no gradient: they are kept
+    out of the loss."""
+    def fn(q, k, v, a):
+        out, lse = attention(q, k, v, **a, **static, **kw)
+        return jnp.sum(out.astype(jnp.float32) * weights) + jnp.sum(
+            jnp.where(jnp.isfinite(lse), lse, 0.0) * lse_weights)
+    return fn
+
+
 def compiled_with_path(fn, *args, hlo=False):
     """jax.jit(fn) compiled for args, its backward_path (and the lowered program's text)."""
     lowered = jax.jit(fn).lower(*args)
@@ -397,13 +409,8 @@ def test_grad_through_lse_and_slopes_matches_the_double_oracle(rng, variant, dty
     weights = to_jax(rng.uniform(-1, 1, q.shape).astype(np.float32), dtype).astype(jnp.float32)
     lse_weights = to_jax(rng.uniform(-1, 1, (2, 4, 13)).astype(np.float32))
 
-    def loss(attention, **kw):
-        def fn(q, k, v, a):
-            out, lse = attention(q, k, v, **a, **static, **kw)
-            # lse rows of -inf (no key, no sink) have no gradient: keep them out of the loss.
-            return jnp.sum(out.astype(jnp.float32) * weights) + jnp.sum(
-                jnp.where(jnp.isfinite(lse), lse, 0.0) * lse_weights)
-        return fn
+    loss = functools.partial(out_and_lse_loss, static=static, weights=weights,
+                             lse_weights=lse_weights)
 
     argnums = (0, 1, 2, 3)
     compiled, path = compiled_with_path(jax.grad(loss(ftj.attention, return_lse=True), argnums),
@@ -872,12 +879,8 @@ def test_cuda_grad_through_lse_at_head_dim_128_takes_the_kernels(rng, dtype):
     weights = to_jax(rng.uniform(-1, 1, q.shape).astype(np.float32), dtype).astype(jnp.float32)
     lse_weights = to_jax(rng.uniform(-1, 1, (2, 4, 70)).astype(np.float32))
 
-    def loss(attention, **kw):
-        def fn(q, k, v, a):
-            out, lse = attention(q, k, v, **a, **static, **kw)
-            return jnp.sum(out.astype(jnp.float32) * weights) + jnp.sum(
-                jnp.where(jnp.isfinite(lse), lse, 0.0) * lse_weights)
-        return fn
+    loss = functools.partial(out_and_lse_loss, static=static, weights=weights,
+                             lse_weights=lse_weights)
 
     argnums, args = (0, 1, 2, 3), (q, k, v, arrays)
     on_gpu = jax.device_put(args, gpu)
