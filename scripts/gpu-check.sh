@@ -81,6 +81,10 @@ if [ "$phase" != rest ] && [ "${SANITIZERS:-1}" != 0 ]; then
       $build/tests/flashtile_cuda_tf32x3_tests --gtest_filter="$tf32x3_subset"
     FLASHTILE_SMALL_GRID=1 step ${tool}_mma_backward compute-sanitizer --tool $tool --error-exitcode 1 \
       $build/tests/flashtile_cuda_mma_backward_tests --gtest_filter="$backward_subset"
+    # cuda_sm90's opt-in persistent pipeline (4.6): several items per CTA on every head dim.
+    FLASHTILE_SM90_PIPELINE=tma_persistent step ${tool}_sm90_persistent compute-sanitizer --tool $tool \
+      --error-exitcode 1 $build/tests/flashtile_cuda_sm90_tests \
+      --gtest_filter=CudaSm90Persistent.ThreeCtasRunEightItemsEach
   done
   unset LIMIT
 fi

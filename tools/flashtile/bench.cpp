@@ -267,7 +267,7 @@ int run_bench(const BenchOptions& o) {
       }
       row.tflops = flops / (row.ms * 1e-3) / 1e12;
       // Each row as it is measured, so a sweep cut off by a time limit keeps what it timed.
-      std::fprintf(stderr, "    %.4f ms, %.1f TFLOP/s\n", row.ms, row.tflops);
+      std::fprintf(stderr, "    %.4f ms, %.3g TFLOP/s\n", row.ms, row.tflops);
       if (backend == Backend::cpu_standard) baseline_ms = row.ms;
       rows.push_back(row);
     }
