@@ -256,62 +256,40 @@ def test_dlpack_torch_tensors_in_and_out():
 
 
 @needs_torch
+@pytest.mark.parametrize("through_lse", [False, True], ids=["out", "out_and_lse"])
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
-def test_autograd_uses_the_kernels_and_matches_the_float64_reference(variant):
+def test_autograd_uses_the_kernels_and_matches_the_float64_reference(variant, through_lse):
+    """The float32 gradients are the kernels' own and within 1e-5 of the float64 reference
+    path; through_lse: the loss uses lse too (as ring attention's merge makes), and its
+    gradient reaches the kernels as dlse."""
     rng = np.random.default_rng(RNG_SEED)
     args = variant_args(rng, variant, 4)
     params = {n: torch.tensor(args.pop(n)) for n in ("alibi_slopes", "sinks") if n in args}
     q, k, v = torch_case(2, 19, 26, 4, 2, 16)
     dout = torch.rand(q.shape, dtype=torch.float64) * 2 - 1
+    dlse = torch.rand((2, 4, 19), dtype=torch.float64) * 2 - 1 if through_lse else None
     grads = {}
     for dtype in (torch.float32, torch.float64):
         leaves = [x.detach().to(dtype).clone().requires_grad_() for x in (q, k, v)]
         sinks = params.get("sinks")
         if sinks is not None:
             sinks = sinks.detach().to(dtype).clone().requires_grad_()
-        out = ft.attention(*leaves, alibi_slopes=params.get("alibi_slopes"), sinks=sinks, **args)
-        (out * dout.to(dtype)).sum().backward()
+        result = ft.attention(*leaves, alibi_slopes=params.get("alibi_slopes"), sinks=sinks,
+                              return_lse=through_lse, **args)
+        out, lse = result if through_lse else (result, None)
+        loss = (out * dout.to(dtype)).sum()
+        if through_lse:
+            loss = loss + (lse * dlse.to(dtype)).sum()
+        loss.backward()
         grads[dtype] = [x.grad for x in leaves] + ([sinks.grad] if sinks is not None else [])
     for g32, g64 in zip(grads[torch.float32], grads[torch.float64]):
         assert rel(g32.numpy(), g64.numpy()) <= 1e-5
     # The float32 gradients are the kernels' own.
     out, lse = flashtile.attention(q, k, v, return_lse=True, sinks=params.get("sinks"),
                                    alibi_slopes=params.get("alibi_slopes"), **args)
-    direct = flashtile.attention_backward(dout.float(), q, k, v, out, lse,
-                                          sinks=params.get("sinks"),
-                                          alibi_slopes=params.get("alibi_slopes"), **args)
-    for a, b in zip(grads[torch.float32], direct):
-        assert torch.equal(a, b)
-
-
-@needs_torch
-@pytest.mark.parametrize("variant", VARIANTS, ids=str)
-def test_autograd_through_out_and_lse_uses_the_kernels(variant):
-    """A loss of out and lse (as ring attention's merge makes): the float32 gradients are the
-    kernels' own (dlse passed to them) and within 1e-5 of the float64 reference path."""
-    rng = np.random.default_rng(RNG_SEED)
-    args = variant_args(rng, variant, 4)
-    params = {n: torch.tensor(args.pop(n)) for n in ("alibi_slopes", "sinks") if n in args}
-    q, k, v = torch_case(2, 19, 26, 4, 2, 16)
-    dout = torch.rand(q.shape, dtype=torch.float64) * 2 - 1
-    dlse = torch.rand((2, 4, 19), dtype=torch.float64) * 2 - 1
-    grads = {}
-    for dtype in (torch.float32, torch.float64):
-        leaves = [x.detach().to(dtype).clone().requires_grad_() for x in (q, k, v)]
-        sinks = params.get("sinks")
-        if sinks is not None:
-            sinks = sinks.detach().to(dtype).clone().requires_grad_()
-        out, lse = ft.attention(*leaves, alibi_slopes=params.get("alibi_slopes"), sinks=sinks,
-                                return_lse=True, **args)
-        ((out * dout.to(dtype)).sum() + (lse * dlse.to(dtype)).sum()).backward()
-        grads[dtype] = [x.grad for x in leaves] + ([sinks.grad] if sinks is not None else [])
-    for g32, g64 in zip(grads[torch.float32], grads[torch.float64]):
-        assert rel(g32.numpy(), g64.numpy()) <= 1e-5
-    out, lse = flashtile.attention(q, k, v, return_lse=True, sinks=params.get("sinks"),
-                                   alibi_slopes=params.get("alibi_slopes"), **args)
-    direct = flashtile.attention_backward(dout.float(), q, k, v, out, lse, dlse=dlse.float(),
-                                          sinks=params.get("sinks"),
-                                          alibi_slopes=params.get("alibi_slopes"), **args)
+    direct = flashtile.attention_backward(
+        dout.float(), q, k, v, out, lse, dlse=dlse.float() if through_lse else None,
+        sinks=params.get("sinks"), alibi_slopes=params.get("alibi_slopes"), **args)
     for a, b in zip(grads[torch.float32], direct):
         assert torch.equal(a, b)
 
