@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "api/backend.hpp"
@@ -38,6 +40,48 @@ inline ComputeCapability compute_capability(int device_index) {
     cc.why = "cannot query CUDA device " + std::to_string(device_index);
   }
   return cc;
+}
+
+// What the backends ask of a device on every call, read from the driver once per device: a
+// small call (the write-up's case runs in ~20 us) waits for every host step in front of its
+// first launch.
+struct DeviceFacts {
+  ComputeCapability cc;
+  int sms = 0, smem_per_sm = 0, smem_optin = 0;
+};
+inline DeviceFacts read_device_facts(int device, const ComputeCapability& cc) {
+  DeviceFacts facts;
+  facts.cc = cc;
+  check_cuda(cudaDeviceGetAttribute(&facts.sms, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute(MultiProcessorCount)");
+  check_cuda(cudaDeviceGetAttribute(&facts.smem_per_sm,
+                                    cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerMultiprocessor)");
+  check_cuda(cudaDeviceGetAttribute(&facts.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                    device),
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  return facts;
+}
+// The facts of `device`, read once; null, with `why` set, when the device cannot be queried
+// (a bad index: asked again on the next call, which fails the same way).
+inline const DeviceFacts* find_device_facts(int device, std::string& why) {
+  static std::mutex mutex;
+  static auto* facts = new std::map<int, DeviceFacts>();  // lives as long as the process
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (auto found = facts->find(device); found != facts->end()) return &found->second;
+  const ComputeCapability cc = compute_capability(device);
+  if (!cc.why.empty()) {
+    why = cc.why;
+    return nullptr;
+  }
+  return &facts->emplace(device, read_device_facts(device, cc)).first->second;
+}
+// The facts of a device a call has already been checked against (device_unsuitable).
+inline const DeviceFacts& device_facts(int device) {
+  std::string why;
+  const DeviceFacts* facts = find_device_facts(device, why);
+  if (facts == nullptr) throw Error(ErrorKind::runtime, why);
+  return *facts;
 }
 
 // Grid: x = query blocks, y = heads, z = batch. y and z are limited to 65535 by CUDA.

@@ -17,8 +17,10 @@ namespace {
 constexpr int kMinComputeCapability = 80;  // mma.sync bf16, ldmatrix, cp.async
 
 std::string device_unsuitable(int device_index) {
-  const ComputeCapability cc = compute_capability(device_index);
-  if (!cc.why.empty()) return cc.why;
+  std::string why;
+  const DeviceFacts* facts = find_device_facts(device_index, why);
+  if (facts == nullptr) return why;
+  const ComputeCapability& cc = facts->cc;
   if (cc.number() < kMinComputeCapability)
     return "cuda_mma needs compute capability >= 8.0 (sm_80); device " +
            std::to_string(device_index) + " has " + cc.text();
@@ -65,8 +67,7 @@ std::string mma_unsupported(const AttentionParams& p) {
            std::to_string(p.seqlen_q) + ", seqlen_k " + std::to_string(p.seqlen_k);
   if (std::string why = grid_unsupported(p); !why.empty()) return why;
   if (std::string why = device_unsuitable(p.device_index); !why.empty()) return why;
-  int smem_optin = 0;
-  cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index);
+  const int smem_optin = device_facts(p.device_index).smem_optin;
   if (const int needed = shared_bytes_for(p.head_dim); needed > smem_optin)
     return "cuda_mma at head_dim " + std::to_string(p.head_dim) + " needs " +
            std::to_string(needed) + " bytes of shared memory per block; device " +

@@ -18,8 +18,10 @@ namespace {
 
 // sm_90a machine code runs on compute capability 9.0 exactly (wgmma is arch-specific).
 std::string device_unsuitable(int device_index) {
-  const ComputeCapability cc = compute_capability(device_index);
-  if (!cc.why.empty()) return cc.why;
+  std::string why;
+  const DeviceFacts* facts = find_device_facts(device_index, why);
+  if (facts == nullptr) return why;
+  const ComputeCapability& cc = facts->cc;
   if (cc.number() != 90)
     return "cuda_sm90 needs compute capability 9.0 (sm_90a: H100/H200); device " +
            std::to_string(device_index) + " has " + cc.text();
@@ -74,8 +76,7 @@ std::string sm90_unsupported(const AttentionParams& p) {
   if (std::string why = grid_unsupported(p); !why.empty()) return why;
   if (std::string why = device_unsuitable(p.device_index); !why.empty()) return why;
 #if FLASHTILE_WITH_SM90
-  int smem_optin = 0;
-  cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index);
+  const int smem_optin = device_facts(p.device_index).smem_optin;
   if (const int needed = sm90::shared_bytes_for(p.head_dim); needed > smem_optin)
     return "cuda_sm90 at head_dim " + std::to_string(p.head_dim) + " needs " +
            std::to_string(needed) + " bytes of shared memory per block; device " +

@@ -966,9 +966,8 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
     set_smem_limit(kernel, Cfg::kPersistentSmemBytes);
     const TileSchedule schedule{static_cast<int>(p.batch), static_cast<int>(p.heads_q),
                                 static_cast<int>(grid.x), p.window_left, p.window_right};
-    int sms = 0, per_sm = 0;
-    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index),
-               "cudaDeviceGetAttribute(multiprocessor count)");
+    const int sms = device_facts(p.device_index).sms;
+    int per_sm = 0;
     check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWsThreads<Cfg>,
                                                              Cfg::kPersistentSmemBytes),
                "cudaOccupancyMaxActiveBlocksPerMultiprocessor(cuda_sm90 persistent kernel)");

@@ -26,59 +26,14 @@ constexpr int kMaxHeadDim = 128;
 // A split keeps at least this many key blocks of its tile's heaviest range.
 constexpr int kMinBlocksPerSplit = 1;
 
-// The device attributes a call needs, read once per device: a small call (the write-up's
-// runs in ~20 us) waits for every host step in front of its first launch.
-struct DeviceFacts {
-  int sms = 0, smem_per_sm = 0, smem_optin = 0, compute_capability = 0;
-};
-DeviceFacts read_device_facts(int device) {
-  DeviceFacts facts;
-  int major = 0, minor = 0;
-  check_cuda(cudaDeviceGetAttribute(&facts.sms, cudaDevAttrMultiProcessorCount, device),
-             "cudaDeviceGetAttribute(MultiProcessorCount)");
-  check_cuda(cudaDeviceGetAttribute(&facts.smem_per_sm,
-                                    cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
-             "cudaDeviceGetAttribute(MaxSharedMemoryPerMultiprocessor)");
-  check_cuda(cudaDeviceGetAttribute(&facts.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                    device),
-             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
-             "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
-  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
-             "cudaDeviceGetAttribute(ComputeCapabilityMinor)");
-  facts.compute_capability = major * 10 + minor;
-  return facts;
-}
-// The facts of `device`, read once; null, with `why` set, when the device cannot be queried
-// (a bad index: asked again on the next call, which fails the same way).
-const DeviceFacts* find_device_facts(int device, std::string& why) {
-  static std::mutex mutex;
-  static auto* facts = new std::map<int, DeviceFacts>();  // lives as long as the process
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (auto found = facts->find(device); found != facts->end()) return &found->second;
-  if (const ComputeCapability cc = compute_capability(device); !cc.why.empty()) {
-    why = cc.why;
-    return nullptr;
-  }
-  return &facts->emplace(device, read_device_facts(device)).first->second;
-}
-// The facts of a device the call has already been checked against (device_unsuitable).
-const DeviceFacts& device_facts(int device) {
-  std::string why;
-  const DeviceFacts* facts = find_device_facts(device, why);
-  if (facts == nullptr) throw Error(ErrorKind::runtime, why);
-  return *facts;
-}
-
 // From the cached facts: the driver is asked once per device, not on every call.
 std::string device_unsuitable(int device_index) {
   std::string why;
   const DeviceFacts* facts = find_device_facts(device_index, why);
   if (facts == nullptr) return why;
-  if (const int cc = facts->compute_capability; cc < kMinComputeCapability)
+  if (facts->cc.number() < kMinComputeCapability)
     return "cuda_tf32x3 needs compute capability >= 8.0 (sm_80); device " +
-           std::to_string(device_index) + " has " + std::to_string(cc / 10) + "." +
-           std::to_string(cc % 10);
+           std::to_string(device_index) + " has " + facts->cc.text();
   return "";
 }
 
@@ -237,7 +192,7 @@ void run_tf32x3(const AttentionParams& p) {
     launch_forward(p, args, precision, stream);
     // sm_90+: the combine's launch overlaps the forward's tail (the forward kernel allows it).
     launch_split_kv_combine<float>(p, args.partials, stream,
-                                   device_facts(p.device_index).compute_capability >= 90);
+                                   device_facts(p.device_index).cc.number() >= 90);
   } catch (...) {
     cudaFreeAsync(workspace, stream);
     throw;
