@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Copies the small libraries that the H200 image lacks (CLI11, Highway, GoogleTest builds)
-# from this machine's Debian packages into .device/deps, a CMake prefix that device calls
-# carry (`carry: [".device"]`) and pass as -DCMAKE_PREFIX_PATH=$PWD/.device/deps.
+# Copies the small libraries that the H200 image lacks (CLI11, Highway, GoogleTest and Google
+# Benchmark builds) from this machine's Debian packages into .device/deps, a CMake prefix that
+# device calls carry (`carry: [".device"]`) and pass as -DCMAKE_PREFIX_PATH=$PWD/.device/deps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=.device/deps
@@ -16,4 +16,9 @@ cp -P /usr/lib/x86_64-linux-gnu/libhwy*.so* "$prefix/lib/x86_64-linux-gnu/"
 cp -r /usr/include/gtest /usr/include/gmock "$prefix/include/"
 cp /usr/lib/x86_64-linux-gnu/libgtest*.a /usr/lib/x86_64-linux-gnu/libgmock*.a "$prefix/lib/x86_64-linux-gnu/"
 cp -r /usr/lib/x86_64-linux-gnu/cmake/GTest "$prefix/lib/x86_64-linux-gnu/cmake/"
+# Google Benchmark, for bench/micro (-DFLASHTILE_BUILD_BENCHMARKS=ON there).
+cp -r /usr/include/benchmark "$prefix/include/"
+cp -P /usr/lib/x86_64-linux-gnu/libbenchmark*.so* /usr/lib/x86_64-linux-gnu/libbenchmark*.a \
+  "$prefix/lib/x86_64-linux-gnu/"
+cp -r /usr/lib/x86_64-linux-gnu/cmake/benchmark "$prefix/lib/x86_64-linux-gnu/cmake/"
 du -sh "$prefix"

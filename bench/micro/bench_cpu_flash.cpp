@@ -3,6 +3,8 @@
 //   pv/<target>/<d>      one key block of O = alpha·O + P·V (the P·V micro-kernel), FLOP/s
 //   exp/<target>         the kernels' vectorised exp, floats/s
 //   hwy_exp/<target>     Highway's contrib Exp for comparison, floats/s
+//   fma_peak/<target>    independent multiply-add chains, FLOP/s: one core's FMA peak on that
+//                          target, the yardstick of the kernels' "% of peak"
 //   forward/<backend>/N/d/causal/threads/H/window_left/features  whole forward() calls
 //                          (batch 1, fp32; window_left -1 = none, features: 1 softcap 30,
 //                          2 ALiBi), FLOP/s with FLOPs = 4·B·H·pairs·d: pairs = N² for
@@ -46,6 +48,23 @@ void HwyExp(const float* x, float* y, size_t n) {
     hn::StoreU(hn::Exp(df, hn::LoadU(df, x + i)), df, y + i);
 }
 
+// As many independent multiply-add chains as the P·V tile holds accumulators (24 on 32-register
+// targets, 12 on 16-register ones): enough in flight to cover the FMA latency on every port.
+void FmaChains(const float* seed, float* out, int64_t iterations) {
+  constexpr int kChains = Tiles::kPvRows * Tiles::kPvChanVecs;
+  const DF df;
+  const VF m = hn::Set(df, 0.999999f), a = hn::Set(df, 1e-7f);
+  VF acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = hn::Set(df, seed[c]);
+  // Unrolled, so that the accumulators live in registers rather than on the stack.
+  for (int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 32
+    for (int c = 0; c < kChains; ++c) acc[c] = hn::MulAdd(acc[c], m, a);
+  }
+  for (int c = 0; c < kChains; ++c) out[c] = hn::GetLane(acc[c]);
+}
+int64_t FmaChainFlops() { return 2 * Tiles::kPvRows * Tiles::kPvChanVecs * kLanes; }
+
 }  // namespace flashtile::detail::cpu_flash::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -71,6 +90,8 @@ HWY_EXPORT(QkOnce);
 HWY_EXPORT(PvOnce);
 HWY_EXPORT(VectorExp);
 HWY_EXPORT(HwyExp);
+HWY_EXPORT(FmaChains);
+HWY_EXPORT(FmaChainFlops);
 
 namespace {
 
@@ -147,6 +168,20 @@ double counted_pairs(int64_t n, bool causal, int64_t left) {
 
 // forward/<backend>: args {seqlen, head_dim, causal, threads, heads, window_left, features};
 // batch 1, fp32.
+void fma_peak(benchmark::State& state, std::string target) {
+  force_target(target);
+  constexpr int64_t kIterations = 1 << 16;
+  auto seed = random_floats(64, 0.5f, 1), out = random_floats(64, 0, 0);
+  for (auto _ : state) {
+    HWY_DYNAMIC_DISPATCH(FmaChains)(seed.get(), out.get(), kIterations);
+    benchmark::DoNotOptimize(out[0]);
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(
+      double(HWY_DYNAMIC_DISPATCH(FmaChainFlops)()) * kIterations,
+      benchmark::Counter::kIsIterationInvariantRate);
+  force_target("");
+}
+
 void forward_bench(benchmark::State& state, Backend backend) {
   const int64_t n = state.range(0), d = state.range(1), heads = state.range(4);
   const bool causal = state.range(2) != 0;
@@ -228,6 +263,7 @@ int main(int argc, char** argv) {
           ->Arg(64)->Arg(128)->Arg(256);
       benchmark::RegisterBenchmark(("exp/" + target).c_str(), cf::exp_bench<false>, target);
       benchmark::RegisterBenchmark(("hwy_exp/" + target).c_str(), cf::exp_bench<true>, target);
+      benchmark::RegisterBenchmark(("fma_peak/" + target).c_str(), cf::fma_peak, target);
     }
   }
   for (const auto& c : forward_cases)
