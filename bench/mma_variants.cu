@@ -2,7 +2,10 @@
 // same file builds against an older tree (its dense grid then times the older kernel in the
 // same device call; the variant parts need src/attn/ and are left out there).
 //
-//   flashtile_mma_variants [--csv FILE] [--repeats N] [--grid-only]
+//   flashtile_mma_variants [--csv FILE] [--repeats N] [--grid-only] [--groups G1,G2,...]
+//
+// --groups times only the named parts (grid variants softcap window varlen narrow), e.g.
+// `--groups varlen` for issue 8's varlen line alone.
 //
 // Prints and (with --csv) writes one row per point: the field's dense grid (bf16, 16k
 // tokens, hidden 2048, seqlen 512..16k, d 64/128/256, full and causal), then at seqlen 16k
@@ -403,31 +406,34 @@ int main(int argc, char** argv) {
   return tile_sweep::run(argc, argv);
 #else
   std::string csv;
-  bool grid_only = false;
+  std::string groups = "grid,variants,softcap,window,varlen,narrow";
   Bench bench;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--csv" && i + 1 < argc) csv = argv[++i];
     else if (arg == "--repeats" && i + 1 < argc) bench.repeats = std::stoi(argv[++i]);
-    else if (arg == "--grid-only") grid_only = true;
+    else if (arg == "--grid-only") groups = "grid";
+    else if (arg == "--groups" && i + 1 < argc) groups = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--csv FILE] [--repeats N] [--grid-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--csv FILE] [--repeats N] [--grid-only] [--groups G,...]\n",
+                   argv[0]);
       return 2;
     }
   }
+  const auto wanted = [&](const char* group) {
+    return ("," + groups + ",").find("," + std::string(group) + ",") != std::string::npos;
+  };
   std::printf("%s, variants %s\n", cuda_device_name(0).c_str(),
               FLASHTILE_BENCH_VARIANTS ? "on" : "off (older tree)");
   bench.spin_up();
-  bench.dense_grid();
-  if (!grid_only) {
+  if (wanted("grid")) bench.dense_grid();
 #if FLASHTILE_BENCH_VARIANTS
-    bench.variants();
-    bench.softcap_exp2_split();
-    bench.window_shapes();
-    bench.varlen();
-    bench.narrow();
+  if (wanted("variants")) bench.variants();
+  if (wanted("softcap")) bench.softcap_exp2_split();
+  if (wanted("window")) bench.window_shapes();
+  if (wanted("varlen")) bench.varlen();
+  if (wanted("narrow")) bench.narrow();
 #endif
-  }
   if (!csv.empty()) bench.write_csv(csv);
   unsigned long long nans = 0;
   for (const Row& r : bench.rows) nans += r.nans;
