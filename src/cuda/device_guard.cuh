@@ -17,6 +17,10 @@ class DeviceGuard {
       cudaGetLastError();
       previous_ = -1;
     }
+    if (previous_ == device) {  // already current (the usual case): nothing to set or restore
+      previous_ = -1;
+      return;
+    }
     if (const cudaError_t status = cudaSetDevice(device); status != cudaSuccess) {
       cudaGetLastError();
       throw Error(ErrorKind::runtime, std::string("cudaSetDevice(") + std::to_string(device) +
