@@ -118,7 +118,9 @@ fi
 if want harness; then
   # The cuda_mma harness: the dense grid, the variants, the varlen batch through the API
   # beside its kernel and a dense batch of the same work.
-  TAIL=40 LIMIT=200 step mma_variants $build/flashtile_mma_variants --csv "$logs/mma_variants.csv"
+  # HARNESS_GROUPS (e.g. "varlen,window") times only those parts of it.
+  TAIL=40 LIMIT=200 step mma_variants $build/flashtile_mma_variants --csv "$logs/mma_variants.csv" \
+    ${HARNESS_GROUPS:+--groups "$HARNESS_GROUPS"}
 fi
 if want cpu; then
   # cpu_flash on the host's cores: the window line at one thread, the write-up's case.
@@ -130,9 +132,15 @@ if want cpu; then
     TAIL=3 step "cpu_flash_writeup_t$threads" $F bench --backends cpu_flash,cpu_standard \
       --threads $threads --seqlen 1024 --head-dim 64 --repeats 20
   done
-  # cpu_flash's backward beside torch CPU SDPA's, at 1 thread and all cores (issue 10).
-  LIMIT=${CPU_BWD_LIMIT:-150} TAIL=12 step cpu_backward_vs_torch python3 bench/cpu_vs_torch.py \
-    --flashtile $F --pass bwd --threads "1,$(nproc)" --warmup 1 --repeats 3 --output "$logs/cpu_backward_vs_torch.json"
+  # cpu_flash's backward beside torch CPU SDPA's, at 1 thread and all cores (issue 10), and
+  # one core's FMA peak on each SIMD target (bench/micro, when built: FLASHTILE_BUILD_BENCHMARKS).
+  for d in 64 128; do
+    LIMIT=${CPU_BWD_LIMIT:-150} TAIL=12 step cpu_backward_vs_torch_d$d python3 bench/cpu_vs_torch.py \
+      --flashtile $F --pass bwd --threads "1,$(nproc)" --head-dim $d --warmup 1 --repeats 3 \
+      --output "$logs/cpu_backward_vs_torch_d$d.json"
+  done
+  [ -x $build/bench/micro/flashtile_micro_bench ] && TAIL=8 step fma_peak \
+    $build/bench/micro/flashtile_micro_bench --benchmark_filter=fma_peak
 fi
 if want python && [ -z "${SKIP_PYTHON:-}" ]; then
   # The package from the build above, against the image's torch/transformers/JAX.
