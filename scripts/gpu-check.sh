@@ -123,12 +123,13 @@ if want harness; then
     ${HARNESS_GROUPS:+--groups "$HARNESS_GROUPS"}
 fi
 if want cpu; then
-  # cpu_flash on the host's cores: the window line at one thread, the write-up's case.
-  for window in "" "--window 1024,0"; do
+  # cpu_flash on the host's cores: the window line at one thread, the write-up's case
+  # (CPU_FORWARD=0 skips these, about 2 minutes, for the backward lines alone).
+  [ "${CPU_FORWARD:-1}" != 0 ] && for window in "" "--window 1024,0"; do
     TAIL=3 step "cpu_flash_16k${window//[^a-z0-9]/_}" $F bench --backends cpu_flash \
       --threads 1 --seqlen 16384 --heads 8 --head-dim 128 --causal $window --repeats 3 --warmup 1
   done
-  for threads in 6 16; do
+  [ "${CPU_FORWARD:-1}" != 0 ] && for threads in 6 16; do
     TAIL=3 step "cpu_flash_writeup_t$threads" $F bench --backends cpu_flash,cpu_standard \
       --threads $threads --seqlen 1024 --head-dim 64 --repeats 20
   done
