@@ -28,6 +28,12 @@ template <>
 struct Sm90Traits<64> : Sm90Config<64, 128, 2, 2, 1> {
   // 4.3 410 / 404 TFLOP/s (full / causal, bf16 16k), 4.4 404 / 391, 4.5 407 / 391.
   static constexpr bool kPersistentOverlap = false, kPersistentPingPong = false;
+  // Step 4.7: three consumer warpgroups (192 query rows) on 128-key tiles, 160 registers
+  // each: S 64, O 32 and P 32 per thread. 24 KB of Q + 2·2·16 KB of K/V = 88 KB. At d=64 a
+  // tile's exp2 (one per score on the MUFU, 16 a clock per SM) take as long as its two GEMMs
+  // at the tensor cores' peak, so the softmax must hide under other warps' GEMMs: a third
+  // warp per scheduler gives it one more to hide under (docs/JOURNEY.md, 4.7).
+  using BlockM192 = Sm90Config<64, 128, 3, 2, 1>;
   // 4.3: 4.4 and 4.5 measured 1-14% slower at 4k-16k (most at causal 4k), 4.4 up to 33%
   // slower at 512-2k causal.
   static Pipeline dense_pipeline(const AttentionParams&) { return Pipeline::tma_warp_specialized; }
@@ -67,6 +73,11 @@ static_assert(Sm90Traits<128>::kSmemBytes <= kSmemLimit && Sm90Traits<128>::kPer
               "d=128: Q (32 KB, x2 persistent) and the K/V ring (128 KB) fit 227 KB");
 static_assert(Sm90Traits<256>::kSmemBytes <= kSmemLimit && Sm90Traits<256>::kPersistentSmemBytes <= kSmemLimit,
               "d=256: Q (64 KB, one buffer) and the K/V ring (128 KB) fit 227 KB");
+static_assert(Sm90Traits<64>::BlockM192::kSmemBytes <= kSmemLimit &&
+                  Sm90Traits<64>::BlockM192::kBlockM == 192,
+              "d=64, step 4.7: Q (24 KB) and the K/V ring (64 KB) fit 227 KB");
+static_assert(Sm90Traits<64>::BlockM192::kQBytes % kAtomBytes == 0,
+              "d=64, step 4.7: 192 rows of Q are whole 1024-byte swizzle atoms");
 static_assert(Sm90Traits<64>::kPersistentQBuffers == 2 && Sm90Traits<128>::kPersistentQBuffers == 2 &&
                   Sm90Traits<256>::kPersistentQBuffers == 1,
               "the Q buffering the journey's 4.6 note describes");
