@@ -32,10 +32,13 @@
 // Step 4.6 (sm90_persistent_forward_kernel, Pipeline::tma_persistent, only when pinned: not
 // yet measured): persistent CTAs over a heaviest-first schedule (tile_schedule.hpp), the
 // producer running ahead into the next work item. Next (issue 9): a TMA-store epilogue.
+// Step 4.7 (Pipeline::tma_*_m192, d=64): three consumer warpgroups, 192 query rows a CTA
+// (160 registers each), on 4.3's, 4.4's or 4.5's consumers; ping-pong turns go round the
+// three. d=64's dense full calls from 4k and bf16 causal ones from 16k take its ping-pong.
 //
 // Measured (H200, bf16, seqlen 16k, TFLOP/s full / causal, one device call; docs/JOURNEY.md
-// "Step 4 — cuda_sm90"): d=64 4.3 410 / 404; d=128 4.3 544 / 534, 4.5 590 / 565;
-// d=256 4.3 587 / 570, 4.4 634 / 610.
+// "Step 4 — cuda_sm90"): d=64 4.3 410 / 404, 4.7 ping-pong 467 / 426 (another call);
+// d=128 4.3 544 / 534, 4.5 590 / 565; d=256 4.3 587 / 570, 4.4 634 / 610.
 //
 // Shared-memory tiles (Q, K, V, and O in the epilogue) all use wgmma's K-major 128-byte-
 // swizzle canonical layout: the 16-bit columns are cut into blocks of 64 (128 bytes); block

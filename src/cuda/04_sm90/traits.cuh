@@ -34,9 +34,17 @@ struct Sm90Traits<64> : Sm90Config<64, 128, 2, 2, 1> {
   // at the tensor cores' peak, so the softmax must hide under other warps' GEMMs: a third
   // warp per scheduler gives it one more to hide under (docs/JOURNEY.md, 4.7).
   using BlockM192 = Sm90Config<64, 128, 3, 2, 1>;
-  // 4.3: 4.4 and 4.5 measured 1-14% slower at 4k-16k (most at causal 4k), 4.4 up to 33%
-  // slower at 512-2k causal.
-  static Pipeline dense_pipeline(const AttentionParams&) { return Pipeline::tma_warp_specialized; }
+  // 4.3 by default: 4.4 and 4.5 measured 1-14% slower at 4k-16k (most at causal 4k), 4.4 up
+  // to 33% slower at 512-2k causal. Step 4.7's ping-pong on 192 rows where it measured faster
+  // (H200, one call, TFLOP/s, 4.3 -> 4.7 ping-pong): full bf16 4k 385 -> 428, 16k 410 -> 467;
+  // full fp16 4k 382 -> 411, 16k 390 -> 451; causal bf16 16k 406 -> 426, but 4k 346 -> 326
+  // (a 192-row block near the diagonal walks few tiles). Not measured: full below 4k, causal
+  // 8k, causal fp16; those stay on 4.3.
+  static Pipeline dense_pipeline(const AttentionParams& p) {
+    const bool m192 = p.is_causal() ? p.dtype == DType::bf16 && p.seqlen_k >= 16384
+                                    : p.seqlen_k >= 4096;
+    return m192 ? Pipeline::tma_ping_pong_m192 : Pipeline::tma_warp_specialized;
+  }
 };
 template <>
 struct Sm90Traits<128> : Sm90Config<128, 128, 2, 2, 1> {
