@@ -112,9 +112,9 @@ TEST(Sm90Pieces, PVProductMatchesHost) {
 // ---- attention against the oracle --------------------------------------------------------
 
 // Pins the kernel's pipeline for one scope (FLASHTILE_SM90_PIPELINE, read at each call):
-// "tma_persistent" (step 4.6, never taken unpinned), "tma_ping_pong" (step 4.5), "tma_ws_overlap" (4.4), "tma_ws" (4.3, what dense calls
-// take unpinned: launch_sm90_forward in kernel.cuh), "tma" (4.2) or "cp_async" (4.1,
-// what varlen calls take). A TMA pipeline fails a call whose maps cannot be encoded, so a passing test
+// "tma_persistent" (step 4.6, never taken unpinned), "tma_ping_pong" (step 4.5), "tma_ws_overlap" (4.4), "tma_ws" (4.3, what most
+// d=64 dense calls take unpinned: launch_sm90_forward in kernel.cuh), "tma" (4.2) or
+// "cp_async" (4.1, what varlen calls take), or a 192-row one of step 4.7 (d=64 only). A TMA pipeline fails a call whose maps cannot be encoded, so a passing test
 // ran on the pipeline it names. The scope restores what was set before it, so a run pinned
 // from outside (FLASHTILE_SM90_PIPELINE=tma_persistent flashtile_cuda_sm90_tests) stays
 // pinned in the tests that do not pin.
@@ -142,6 +142,21 @@ struct ScopedPipeline : ScopedVariable {
 };
 constexpr const char* kPipelines[] = {"tma_persistent", "tma_ping_pong", "tma_ws_overlap",
                                       "tma_ws", "tma", "cp_async"};
+// Step 4.7: three consumer warpgroups (192 query rows a CTA), d=64 only; other head dims
+// refuse them when pinned (CudaSm90BlockM192.RefusesOtherHeadDimsAndVarlen).
+constexpr const char* kBlockM192Pipelines[] = {"tma_ws_m192", "tma_ws_overlap_m192",
+                                               "tma_ping_pong_m192"};
+// Every pipeline pinned with the head dims it serves.
+struct PinnedPipeline {
+  const char* name;
+  std::vector<int64_t> head_dims;
+};
+std::vector<PinnedPipeline> every_pipeline() {
+  std::vector<PinnedPipeline> all;
+  for (const char* name : kPipelines) all.push_back({name, {64, 128, 256}});
+  for (const char* name : kBlockM192Pipelines) all.push_back({name, {64}});
+  return all;
+}
 
 class CudaSm90Grid : public ::testing::TestWithParam<DType> {};
 
@@ -156,12 +171,12 @@ TEST_P(CudaSm90Grid, MatchesOracle) {
 
 TEST_P(CudaSm90Grid, EveryPipelineMatchesOracle) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (const char* pipeline : kPipelines) {
-    SCOPED_TRACE(pipeline);
-    const ScopedPipeline pinned(pipeline);
-    for (const Shape& s : testing::backend_grid({64, 128, 256}, GetParam(), !small_grid()))
+  for (const PinnedPipeline& pipeline : every_pipeline()) {
+    SCOPED_TRACE(pipeline.name);
+    const ScopedPipeline pinned(pipeline.name);
+    for (const Shape& s : testing::backend_grid(pipeline.head_dims, GetParam(), !small_grid()))
       expect_matches_oracle(s);
-    for (int64_t d : {64, 128, 256}) {  // the pipeline's softcap/ALiBi kernel
+    for (int64_t d : pipeline.head_dims) {  // the pipeline's softcap/ALiBi kernel
       Shape s = shape_of(GetParam(), 2, 129, 300, 4, 2, d);
       s.causal = true, s.softcap = 20.0f, s.alibi = true;
       expect_matches_oracle(s);
@@ -267,9 +282,9 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaSm90Grid, ::testing::Values(DType::bf16, DT
 
 TEST(CudaSm90, ScaleOfAnySign) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (const char* pipeline : kPipelines) {
-    SCOPED_TRACE(pipeline);
-    const ScopedPipeline pinned(pipeline);
+  for (const PinnedPipeline& pipeline : every_pipeline()) {  // d=64: every pipeline serves it
+    SCOPED_TRACE(pipeline.name);
+    const ScopedPipeline pinned(pipeline.name);
     for (float scale : {-0.37f, 0.0f, 1.5f})
       for (bool causal : {false, true})
         for (bool transformed : {false, true}) {
@@ -285,10 +300,10 @@ TEST(CudaSm90, ScaleOfAnySign) {
 // window that skips most of them.
 TEST(CudaSm90, LongerSequences) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (const char* pipeline : kPipelines) {
-    SCOPED_TRACE(pipeline);
-    const ScopedPipeline pinned(pipeline);
-    for (int64_t d : {64, 128, 256})
+  for (const PinnedPipeline& pipeline : every_pipeline()) {
+    SCOPED_TRACE(pipeline.name);
+    const ScopedPipeline pinned(pipeline.name);
+    for (int64_t d : pipeline.head_dims)
       for (int mask = 0; mask < 3; ++mask) {
         Shape s = shape_of(DType::bf16, 1, 2000, 2100, 2, 2, d);
         s.causal = mask == 1;
@@ -298,13 +313,15 @@ TEST(CudaSm90, LongerSequences) {
   }
 }
 
-// Bitwise the same over 100 runs, with a window and sinks on, on each pipeline.
+// Bitwise the same over 100 runs, with a window and sinks on, on each pipeline (the
+// 192-row ones at d=64, the only head dim they serve).
 TEST(CudaSm90, DeterministicOver100Runs) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (const char* pipeline : kPipelines)
-    for (int64_t head_dim : {128, 256}) {
-      SCOPED_TRACE(std::string(pipeline) + ", d=" + std::to_string(head_dim));
-      const ScopedPipeline pinned(pipeline);
+  for (const PinnedPipeline& pipeline : every_pipeline())
+    for (int64_t head_dim : pipeline.head_dims.size() == 1 ? std::vector<int64_t>{64}
+                                                           : std::vector<int64_t>{128, 256}) {
+      SCOPED_TRACE(std::string(pipeline.name) + ", d=" + std::to_string(head_dim));
+      const ScopedPipeline pinned(pipeline.name);
       Shape s = shape_of(DType::bf16, 2, 257, 300, 4, 2, head_dim);
       s.window = {100, 20};
       s.sinks = true;
@@ -314,6 +331,89 @@ TEST(CudaSm90, DeterministicOver100Runs) {
       expect_oracle(c);
       ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, d, kSm90, 100));
     }
+}
+
+// ---- step 4.7: three consumer warpgroups, 192 query rows a CTA (d=64) ---------------------
+
+// Query lengths around the 192-row block and key lengths around the 128-key tile (a last
+// block or tile partial or one row / key long), sq != sk both ways under the causal mask (the
+// diagonal crosses the 192-row block at a 64-key offset), MHA, GQA and MQA, strided views,
+// both dtypes, on each 192-row pipeline.
+TEST(CudaSm90BlockM192, LengthsAroundTheTilesMatchOracle) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  struct Heads {
+    int64_t q, kv;
+  };
+  const Heads heads[] = {{2, 2}, {4, 2}, {3, 1}};
+  for (const char* pipeline : kBlockM192Pipelines) {
+    SCOPED_TRACE(pipeline);
+    const ScopedPipeline pinned(pipeline);
+    int variant = 0;
+    for (int64_t sq : {1, 64, 191, 192, 193, 385, 577})
+      for (int64_t sk : {1, 127, 129, 300, 1000}) {
+        const Heads& h = heads[variant % 3];
+        Shape s = shape_of(variant % 2 ? DType::f16 : DType::bf16, 1 + variant % 2, sq, sk, h.q, h.kv, 64);
+        s.causal = variant % 4 < 2;
+        s.strided = variant % 5 == 1;
+        ++variant;
+        expect_matches_oracle(s);
+      }
+  }
+}
+
+// The variants through the 192-row kernels: windows (both sides, the diagonal only), sinks
+// with causal rows above a short K (rows with no key), softcap and ALiBi (the transformed
+// kernel), everything at once.
+TEST(CudaSm90BlockM192, VariantsMatchOracle) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  for (const char* pipeline : kBlockM192Pipelines) {
+    SCOPED_TRACE(pipeline);
+    const ScopedPipeline pinned(pipeline);
+    for (int v = 0; v < 5; ++v) {
+      Shape s = shape_of(v % 2 ? DType::f16 : DType::bf16, 2, 400, v == 1 ? 150 : 530, 4, 2, 64);
+      switch (v) {
+        case 0: s.window = {33, 9}, s.sinks = true; break;
+        case 1: s.causal = true, s.sinks = true; break;  // sq > sk: the first rows see no key
+        case 2: s.window = {0, 0}; break;
+        case 3: s.causal = true, s.softcap = 30.0f, s.alibi = true, s.alibi_per_batch = true; break;
+        case 4: s.window = {64, 0}, s.softcap = 12.0f, s.alibi = true, s.sinks = true, s.strided = true; break;
+      }
+      expect_matches_oracle(s);
+    }
+  }
+}
+
+// Pinned, the 192-row pipelines refuse the head dims that have no 192-row configuration
+// (128, 256) and varlen batches (no TMA maps), by name, with out untouched.
+TEST(CudaSm90BlockM192, RefusesOtherHeadDimsAndVarlen) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  for (const char* pipeline : kBlockM192Pipelines) {
+    SCOPED_TRACE(pipeline);
+    const ScopedPipeline pinned(pipeline);
+    for (int64_t d : {128, 256, 64}) {
+      Shape s = shape_of(DType::bf16, 1, 200, 200, 2, 2, d);
+      if (d == 64) {  // a packed batch of two sequences
+        s.seqlen_q = s.seqlen_k = 0;
+        s.varlen_q = {100, 300};
+        s.varlen_k = {100, 300};
+      }
+      const std::string message = d == 64 ? "TMA maps of this call cannot be encoded"
+                                          : "serve head_dim 64; got head_dim " + std::to_string(d);
+      AttentionCase c(s);
+      DeviceCase dev(c);
+      dev.out.buffer.fill_bytes(0xFF);
+      try {
+        dev.run(c, kSm90);
+        ADD_FAILURE() << "a pinned 192-row pipeline ran " << s.describe();
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::unsupported) << e.what();
+        EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+      }
+      std::vector<unsigned char> bytes(dev.out.buffer.bytes());
+      dev.out.buffer.copy_to_host(bytes.data(), bytes.size());
+      for (unsigned char byte : bytes) ASSERT_EQ(byte, 0xFF) << "out was written on error";
+    }
+  }
 }
 
 // ---- step 4.6: persistent CTAs, several work items each ---------------------------------

@@ -27,8 +27,9 @@ void run_for_dtype(const AttentionParams& p, cudaStream_t stream, std::optional<
     run_sm90_forward<__half, kHeadDim>(p, stream, pinned);
 }
 
-// FLASHTILE_SM90_PIPELINE=cp_async|tma|tma_ws|tma_ws_overlap|tma_ping_pong|tma_persistent
-// pins the pipeline (step 4.1 .. 4.6) for
+// FLASHTILE_SM90_PIPELINE=cp_async|tma|tma_ws|tma_ws_overlap|tma_ping_pong|tma_persistent|
+// tma_ws_m192|tma_ws_overlap_m192|tma_ping_pong_m192 pins the pipeline (step 4.1 .. 4.7;
+// the 192-row ones serve d=64 alone) for
 // the journey's side-by-side measurements and the tests of each step; unset, the newest
 // one that serves the call runs.
 std::optional<Pipeline> pipeline_from_environment() {
@@ -41,9 +42,13 @@ std::optional<Pipeline> pipeline_from_environment() {
   if (name == "tma_ws_overlap") return Pipeline::tma_warp_specialized_overlap;
   if (name == "tma_ping_pong") return Pipeline::tma_ping_pong;
   if (name == "tma_persistent") return Pipeline::tma_persistent;
+  if (name == "tma_ws_m192") return Pipeline::tma_ws_m192;
+  if (name == "tma_ws_overlap_m192") return Pipeline::tma_ws_overlap_m192;
+  if (name == "tma_ping_pong_m192") return Pipeline::tma_ping_pong_m192;
   throw Error(ErrorKind::invalid_argument,
-              "FLASHTILE_SM90_PIPELINE must be cp_async, tma, tma_ws, tma_ws_overlap, tma_ping_pong "
-              "or tma_persistent; got '" + name + "'");
+              "FLASHTILE_SM90_PIPELINE must be cp_async, tma, tma_ws, tma_ws_overlap, tma_ping_pong, "
+              "tma_persistent, tma_ws_m192, tma_ws_overlap_m192 or tma_ping_pong_m192; got '" +
+                  name + "'");
 }
 }  // namespace
 

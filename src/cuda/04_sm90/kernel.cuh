@@ -32,10 +32,13 @@
 // Step 4.6 (sm90_persistent_forward_kernel, Pipeline::tma_persistent, only when pinned: not
 // yet measured): persistent CTAs over a heaviest-first schedule (tile_schedule.hpp), the
 // producer running ahead into the next work item. Next (issue 9): a TMA-store epilogue.
+// Step 4.7 (Pipeline::tma_*_m192, d=64): three consumer warpgroups, 192 query rows a CTA
+// (160 registers each), on 4.3's, 4.4's or 4.5's consumers; ping-pong turns go round the
+// three. d=64's dense full calls from 4k and bf16 causal ones from 16k take its ping-pong.
 //
 // Measured (H200, bf16, seqlen 16k, TFLOP/s full / causal, one device call; docs/JOURNEY.md
-// "Step 4 — cuda_sm90"): d=64 4.3 410 / 404; d=128 4.3 544 / 534, 4.5 590 / 565;
-// d=256 4.3 587 / 570, 4.4 634 / 610.
+// "Step 4 — cuda_sm90"): d=64 4.3 410 / 404, 4.7 ping-pong 467 / 426 (another call);
+// d=128 4.3 544 / 534, 4.5 590 / 565; d=256 4.3 587 / 570, 4.4 634 / 610.
 //
 // Shared-memory tiles (Q, K, V, and O in the epilogue) all use wgmma's K-major 128-byte-
 // swizzle canonical layout: the 16-bit columns are cut into blocks of 64 (128 bytes); block
@@ -52,6 +55,8 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string>
+#include <type_traits>
 
 #include "attn/block_range.hpp"
 #include "attn/seqlen.hpp"
@@ -113,6 +118,9 @@ struct Sm90Config {
   static constexpr int kPersistentSmemBytes = kPersistentQBuffers * kQBytes +
                                               kStages * 2 * kTileBytes + kPersistentBarrierBytes +
                                               kAtomBytes;
+
+  // Step 4.7's 192-row configuration of the head dim, where it has one (Sm90Traits).
+  using BlockM192 = void;
 
   static_assert(kHeadDim % kSwizzleCols == 0 && kHeadDim <= 256,
                 "head dim: whole 64-column swizzle blocks, at most 256 (wgmma N)");
@@ -219,7 +227,18 @@ enum class Pipeline {
   tma_warp_specialized_overlap,  // 4.4
   tma_ping_pong,                 // 4.5
   tma_persistent,                // 4.6: persistent CTAs on 4.3, 4.4 or 4.5's consumers (traits.cuh)
+  // 4.7: three consumer warpgroups (192 query rows a CTA) on the consumers of 4.3, 4.4 and
+  // 4.5, for the head dims whose traits name a BlockM192 configuration (d=64).
+  tma_ws_m192,
+  tma_ws_overlap_m192,
+  tma_ping_pong_m192,
 };
+
+// Whether `pipeline` runs the head dim's 192-row configuration (step 4.7).
+constexpr bool uses_block_m192(Pipeline pipeline) {
+  return pipeline == Pipeline::tma_ws_m192 || pipeline == Pipeline::tma_ws_overlap_m192 ||
+         pipeline == Pipeline::tma_ping_pong_m192;
+}
 
 // Shared-memory map of one CTA: [ Q buffers (kBlockM, d) x kQBuffers | stage s: K (kBlockN,
 // d), V (kBlockN, d) ... | barriers: Q full[kQBuffers], K full, V full, K empty, V empty
@@ -544,10 +563,12 @@ struct ConsumerWarpgroup {
   }
 };
 
-// Named barrier ids: 0 is __syncthreads; consumer warpgroup c syncs alone on 1 + c, and
-// waits for its turn on the tensor cores (ping-pong) on 3 + c.
+// Named barrier ids: 0 is __syncthreads; consumer warpgroup c of n syncs alone on 1 + c, and
+// waits for its turn on the tensor cores (ping-pong) on 1 + n + c (two consumers: 3 and 4).
 __device__ __forceinline__ int consumer_barrier_id(int consumer_index) { return 1 + consumer_index; }
-__device__ __forceinline__ int turn_barrier_id(int consumer_index) { return 3 + consumer_index; }
+__device__ __forceinline__ int turn_barrier_id(int consumer_index, int consumers) {
+  return 1 + consumers + consumer_index;
+}
 
 // Steps 4.1 and 4.2: every thread computes; the ring is refilled by cp.async (every thread)
 // or by TMA (one thread), with one __syncthreads per tile. Plain logits (scale·q·k) with
@@ -641,15 +662,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
 // Step 4.3: warp specialisation (dense calls, TMA). Warpgroup 0 is the producer, warpgroups
 // 1..kWarpgroups the consumers; they meet only on the full / empty mbarriers of the ring.
-inline constexpr int kProducerRegisters = 24;   // one thread issues copies; the rest idle
-inline constexpr int kConsumerRegisters = 240;  // 128·24 + 256·240 <= 64K registers per SM
+inline constexpr int kProducerRegisters = 24;  // one thread issues copies; the rest idle
+// Two consumers: 128·24 + 256·240 = 62464; three (step 4.7): 128·24 + 384·160 = 64512 of the
+// 64K registers per SM (168 would need 67584).
+template <class Cfg>
+inline constexpr int kConsumerRegisters = Cfg::kWarpgroups == 2 ? 240 : 160;
 
 template <class Cfg>
 inline constexpr int kWsThreads = Cfg::kThreads + kWarpgroupThreads;
 template <class Cfg>
 inline constexpr bool kRegisterSplitFits =
+    (Cfg::kWarpgroups == 2 || Cfg::kWarpgroups == 3) &&
     kWarpgroupThreads * kProducerRegisters +
-        Cfg::kWarpgroups * kWarpgroupThreads * kConsumerRegisters <= 65536;
+            Cfg::kWarpgroups * kWarpgroupThreads * kConsumerRegisters<Cfg> <= 65536;
 // Each consumer warp arrives once on an "empty" barrier when it is done with the buffer.
 template <class Cfg>
 inline constexpr int kConsumerWarps = Cfg::kWarpgroups * 4;
@@ -755,23 +780,29 @@ __device__ __forceinline__ void consume_item_tiles(Consumer& wg, const SmemMap<C
       release_v(tile);
     }
   } else if (n_tiles > 0) {
-    static_assert(!kPingPong || Cfg::kWarpgroups == 2, "ping-pong alternates two consumers");
     // GEMM phases: S_0; then S_j with P_{j-1}·V_{j-1}; then P_{n-1}·V_{n-1}. Under
-    // ping-pong consumer c waits for its turn before each phase and hands the turn over
-    // once the phase is issued; consumer 1 lets consumer 0 go first and skips its last
-    // hand-over, so every arrival is matched by a wait within the item (both consumers run
-    // the same items and tiles, so the turns start afresh on the next one).
-    constexpr int kBothConsumers = 2 * kWarpgroupThreads;
+    // ping-pong the consumers take turns round the ring 0, 1, .., kConsumers - 1: consumer c
+    // waits for its turn before each phase and hands it to c + 1 once the phase is issued;
+    // the last consumer lets consumer 0 go first and skips its last hand-over, so every
+    // arrival is matched by a wait within the item (all consumers run the same items and
+    // tiles, so the turns start afresh on the next one). A turn barrier joins the consumer
+    // that waits and the one that hands over.
+    constexpr int kConsumers = Cfg::kWarpgroups;
+    constexpr int kTurnThreads = 2 * kWarpgroupThreads;
+    const bool last_consumer = consumer == kConsumers - 1;
+    // 1 - c for two consumers, as steps 4.5/4.6 were built (their SASS unchanged).
+    const int next_consumer = kConsumers == 2 ? 1 - consumer : last_consumer ? 0 : consumer + 1;
     auto take_turn = [&] {
-      if constexpr (kPingPong) ptx::named_barrier_sync(turn_barrier_id(consumer), kBothConsumers);
+      if constexpr (kPingPong)
+        ptx::named_barrier_sync(turn_barrier_id(consumer, kConsumers), kTurnThreads);
     };
     auto hand_over = [&](bool last_phase) {
       if constexpr (kPingPong)
-        if (!(last_phase && consumer == 1))
-          ptx::named_barrier_arrive(turn_barrier_id(1 - consumer), kBothConsumers);
+        if (!(last_phase && last_consumer))
+          ptx::named_barrier_arrive(turn_barrier_id(next_consumer, kConsumers), kTurnThreads);
     };
     if constexpr (kPingPong)
-      if (consumer == 1) ptx::named_barrier_arrive(turn_barrier_id(0), kBothConsumers);
+      if (last_consumer) ptx::named_barrier_arrive(turn_barrier_id(0, kConsumers), kTurnThreads);
     uint32_t p_frag[Cfg::kPVSteps][4];  // P of the previous tile, the A operand of its P·V
     // The previous softmax's rescale factors: O is rescaled just before the P·V that adds
     // that tile, under the S GEMM in flight, so that after the last wait only the packing
@@ -839,7 +870,7 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     return;
   }
 
-  ptx::setmaxnreg_inc<kConsumerRegisters>();
+  ptx::setmaxnreg_inc<kConsumerRegisters<Cfg>>();
   const int consumer = warpgroup - 1;
   using Consumer = ConsumerWarpgroup<T, Cfg, kTransformed>;
   Consumer wg(consumer, p, work);
@@ -901,7 +932,7 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     return;
   }
 
-  ptx::setmaxnreg_inc<kConsumerRegisters>();
+  ptx::setmaxnreg_inc<kConsumerRegisters<Cfg>>();
   const int consumer = warpgroup - 1;
   using Consumer = ConsumerWarpgroup<T, Cfg, kTransformed>;
   uint32_t tile_base = 0, items_done = 0;
@@ -1003,28 +1034,81 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
       launch_persistent(&sm90_persistent_forward_kernel<T, Cfg, Cfg::kPersistentOverlap,
                                                         Cfg::kPersistentPingPong, kTransformed>);
       break;
+    case Pipeline::tma_ws_m192:
+    case Pipeline::tma_ws_overlap_m192:
+    case Pipeline::tma_ping_pong_m192:
+      throw Error(ErrorKind::runtime, "cuda_sm90: a 192-row pipeline reached the 128-row launcher");
   }
   check_launch("cuda_sm90 forward kernel");
 }
 
+// Step 4.7: the warp-specialised kernel with three consumer warpgroups (Cfg::kWarpgroups 3,
+// 192 query rows), on 4.3's, 4.4's or 4.5's consumers; only these kernels are instantiated
+// for such a configuration (the cp.async copy loops of 4.1/4.2 divide a tile among the
+// CTA's threads, and 128-key tiles do not divide among 384).
+template <class T, class Cfg, bool kTransformed>
+void launch_sm90_m192_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline pipeline,
+                             cudaStream_t stream) {
+  static_assert(Cfg::kWarpgroups == 3, "the 192-row pipelines run three consumer warpgroups");
+  const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
+                  static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+  auto launch = [&](auto* kernel) {
+    set_smem_limit(kernel, Cfg::kSmemBytes);
+    kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps);
+  };
+  switch (pipeline) {
+    case Pipeline::tma_ws_m192:
+      launch(&sm90_ws_forward_kernel<T, Cfg, false, false, kTransformed>);
+      break;
+    case Pipeline::tma_ws_overlap_m192:
+      launch(&sm90_ws_forward_kernel<T, Cfg, true, false, kTransformed>);
+      break;
+    case Pipeline::tma_ping_pong_m192:
+      launch(&sm90_ws_forward_kernel<T, Cfg, true, true, kTransformed>);
+      break;
+    default:
+      throw Error(ErrorKind::runtime, "cuda_sm90: a 128-row pipeline reached the 192-row launcher");
+  }
+  check_launch("cuda_sm90 forward kernel (192 rows)");
+}
+
 // The fastest measured pipeline that serves p (TMA needs encodable maps: dense calls),
 // unless `pinned` names one (the journey's measurements and the tests of each step).
+// Cfg is the head dim's traits: its 128-row configuration, and Cfg::BlockM192 the 192-row
+// one of step 4.7 where the head dim has one (void elsewhere).
 template <class T, class Cfg>
 void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
                          std::optional<Pipeline> pinned = std::nullopt) {
-  TmaMaps maps{};
-  const bool tma = pinned != Pipeline::cp_async &&
-                   encode_dense_maps(p, Cfg::kBlockM, Cfg::kBlockN, maps);
-  if (pinned && *pinned != Pipeline::cp_async && !tma)
-    throw Error(ErrorKind::unsupported, "cuda_sm90: the TMA maps of this call cannot be encoded");
   // Dense calls: full and causal ones take the head dim's measured choice (traits.cuh);
   // windows step 4.3 (few key tiles per CTA, like short causal calls; 4.4/4.5 not measured).
   const bool window = p.has_mask() && !p.is_causal();
-  const Pipeline pipeline = pinned ? *pinned
-                            : !tma ? Pipeline::cp_async
-                            : window ? Pipeline::tma_warp_specialized
-                                     : Cfg::dense_pipeline(p);
-  if (p.softcap != 0.0f || p.alibi_slopes != nullptr)
+  const Pipeline wanted = pinned ? *pinned
+                          : window ? Pipeline::tma_warp_specialized
+                                   : Cfg::dense_pipeline(p);
+  const bool transformed = p.softcap != 0.0f || p.alibi_slopes != nullptr;
+  TmaMaps maps{};
+  if (uses_block_m192(wanted)) {
+    using Wide = typename Cfg::BlockM192;
+    if constexpr (std::is_void_v<Wide>) {
+      throw Error(ErrorKind::unsupported,
+                  "cuda_sm90: the 192-row pipelines (step 4.7) serve head_dim 64; got head_dim " +
+                      std::to_string(p.head_dim));
+    } else {
+      if (encode_dense_maps(p, Wide::kBlockM, Wide::kBlockN, maps)) {
+        if (transformed)
+          launch_sm90_m192_kernel<T, Wide, true>(p, maps, wanted, stream);
+        else
+          launch_sm90_m192_kernel<T, Wide, false>(p, maps, wanted, stream);
+        return;
+      }
+    }
+  }
+  const bool tma = !uses_block_m192(wanted) && wanted != Pipeline::cp_async &&
+                   encode_dense_maps(p, Cfg::kBlockM, Cfg::kBlockN, maps);
+  if (pinned && *pinned != Pipeline::cp_async && !tma)
+    throw Error(ErrorKind::unsupported, "cuda_sm90: the TMA maps of this call cannot be encoded");
+  const Pipeline pipeline = tma ? wanted : Pipeline::cp_async;
+  if (transformed)
     launch_sm90_kernel<T, Cfg, true>(p, maps, pipeline, stream);
   else
     launch_sm90_kernel<T, Cfg, false>(p, maps, pipeline, stream);

@@ -28,9 +28,23 @@ template <>
 struct Sm90Traits<64> : Sm90Config<64, 128, 2, 2, 1> {
   // 4.3 410 / 404 TFLOP/s (full / causal, bf16 16k), 4.4 404 / 391, 4.5 407 / 391.
   static constexpr bool kPersistentOverlap = false, kPersistentPingPong = false;
-  // 4.3: 4.4 and 4.5 measured 1-14% slower at 4k-16k (most at causal 4k), 4.4 up to 33%
-  // slower at 512-2k causal.
-  static Pipeline dense_pipeline(const AttentionParams&) { return Pipeline::tma_warp_specialized; }
+  // Step 4.7: three consumer warpgroups (192 query rows) on 128-key tiles, 160 registers
+  // each: S 64, O 32 and P 32 per thread. 24 KB of Q + 2·2·16 KB of K/V = 88 KB. At d=64 a
+  // tile's exp2 (one per score on the MUFU, 16 a clock per SM) take as long as its two GEMMs
+  // at the tensor cores' peak, so the softmax must hide under other warps' GEMMs: a third
+  // warp per scheduler gives it one more to hide under (docs/JOURNEY.md, 4.7).
+  using BlockM192 = Sm90Config<64, 128, 3, 2, 1>;
+  // 4.3 by default: 4.4 and 4.5 measured 1-14% slower at 4k-16k (most at causal 4k), 4.4 up
+  // to 33% slower at 512-2k causal. Step 4.7's ping-pong on 192 rows where it measured faster
+  // (H200, one call, TFLOP/s, 4.3 -> 4.7 ping-pong): full bf16 4k 385 -> 428, 16k 410 -> 467;
+  // full fp16 4k 382 -> 411, 16k 390 -> 451; causal bf16 16k 406 -> 426, but 4k 346 -> 326
+  // (a 192-row block near the diagonal walks few tiles). Not measured: full below 4k, causal
+  // 8k, causal fp16; those stay on 4.3.
+  static Pipeline dense_pipeline(const AttentionParams& p) {
+    const bool m192 = p.is_causal() ? p.dtype == DType::bf16 && p.seqlen_k >= 16384
+                                    : p.seqlen_k >= 4096;
+    return m192 ? Pipeline::tma_ping_pong_m192 : Pipeline::tma_warp_specialized;
+  }
 };
 template <>
 struct Sm90Traits<128> : Sm90Config<128, 128, 2, 2, 1> {
@@ -67,6 +81,11 @@ static_assert(Sm90Traits<128>::kSmemBytes <= kSmemLimit && Sm90Traits<128>::kPer
               "d=128: Q (32 KB, x2 persistent) and the K/V ring (128 KB) fit 227 KB");
 static_assert(Sm90Traits<256>::kSmemBytes <= kSmemLimit && Sm90Traits<256>::kPersistentSmemBytes <= kSmemLimit,
               "d=256: Q (64 KB, one buffer) and the K/V ring (128 KB) fit 227 KB");
+static_assert(Sm90Traits<64>::BlockM192::kSmemBytes <= kSmemLimit &&
+                  Sm90Traits<64>::BlockM192::kBlockM == 192,
+              "d=64, step 4.7: Q (24 KB) and the K/V ring (64 KB) fit 227 KB");
+static_assert(Sm90Traits<64>::BlockM192::kQBytes % kAtomBytes == 0,
+              "d=64, step 4.7: 192 rows of Q are whole 1024-byte swizzle atoms");
 static_assert(Sm90Traits<64>::kPersistentQBuffers == 2 && Sm90Traits<128>::kPersistentQBuffers == 2 &&
                   Sm90Traits<256>::kPersistentQBuffers == 1,
               "the Q buffering the journey's 4.6 note describes");
