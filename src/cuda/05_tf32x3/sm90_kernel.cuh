@@ -1,0 +1,415 @@
+// Journey step 2c — cuda_tf32x3 on wgmma (sm_90a only): the 3xTF32 scheme of kernel.cuh
+// (step 2b) with both products on Hopper's asynchronous warpgroup MMA, wgmma.mma_async
+// m64nNk8 with tf32 operands, instead of mma.sync m16n8k8.
+//
+// Same arithmetic as step 2b: every operand x is split into big = tf32(x) and small =
+// tf32(x - big) (ptx/tf32.cuh; Inf travels in the small part) and each product is
+// small·big + big·small + big·big. S's big·big sum and its two corrections have accumulators
+// of their own, added once in fp32 round-to-nearest; O's products are summed on the tensor
+// cores over one key tile only and then added to O in fp32 (the tensor cores' accumulation
+// rounds toward zero: step 2b measured 8.7e-4 at N = 131072 with O accumulated over every
+// key). P is split after its exp, in registers.
+//
+// Layout (the PTX ISA offers no transpose for .tf32: A and B are both K-major):
+//  - Q (kBlockM, d), K (kBlockN, d): K-major 128-byte-swizzle tiles, as cuda_sm90's
+//    (04_sm90/kernel.cuh: swizzled_offset, k_major_descriptor, which count 16-byte chunks and
+//    32-byte k-steps and so serve 32-bit columns unchanged: a swizzle block is 32 floats, a
+//    k-step of m64nNk8 is 8 floats). Each plane comes twice: big and small.
+//  - V is needed as B of P·V, K-major over the keys: Vᵀ (d, kBlockN) per plane, written
+//    transposed by the split. Inside every 8 keys its columns run 0, 2, 4, 6, 1, 3, 5, 7, so
+//    that S's accumulator, whose lane holds keys 2t and 2t+1 of each 8, is P·V's A operand
+//    as it stands (A's k-indices t and t + 4).
+//  - Raw fp32 rows of the next K and V tile land by cp.async in a staging area (row-major,
+//    pitch d) while the tensor cores work on this tile; the split of a tile runs on every
+//    thread between two __syncthreads and writes the four planes.
+//
+// The CTA: kWarpgroups consumer warpgroups of 64 query rows each (no producer warpgroup:
+// this first version keeps every thread on the loads and splits), wgmma waited for at
+// once. The accumulator of m64nNk8 lays each warp's 16 rows out as mma.sync's m16n8 tiles
+// (row g / g + 8, columns 2t, 2t + 1 of each 8), so the score passes of mma_fragment.cuh
+// (transform, mask, quad max) and step 2b's softmax and epilogue apply as they stand.
+//
+// Served (backend.cu decides): fp32, head_dim 64 or 128 exactly, rows on 16 bytes, 3xTF32,
+// no key split; dense and varlen, every mask and variant (through src/attn/ as step 2b).
+#pragma once
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "attn/block_range.hpp"
+#include "attn/features.hpp"
+#include "attn/seqlen.hpp"
+#include "attn/softmax_state.hpp"
+#include "attn/variant.hpp"
+#include "cuda/04_sm90/kernel.cuh"
+#include "cuda/05_tf32x3/kernel.cuh"
+#include "cuda/common.cuh"
+#include "cuda/mma_fragment.cuh"
+#include "cuda/ptx/tf32.cuh"
+#include "cuda/ptx/wgmma.cuh"
+
+namespace flashtile::detail::tf32x3 {
+
+// One configuration of the wgmma path (Tf32Sm90Traits picks one per head dim).
+//   kHeadDim head dim (exact), kBlockN keys per tile, kWarpgroups consumer warpgroups
+//   (64 query rows each).
+template <int kHeadDim_, int kBlockN_, int kWarpgroups_>
+struct Tf32Sm90Config {
+  static constexpr int kHeadDim = kHeadDim_, kBlockN = kBlockN_, kWarpgroups = kWarpgroups_;
+  static constexpr int kBlockM = sm90::kWarpgroupRows * kWarpgroups;
+  static constexpr int kThreads = sm90::kWarpgroupThreads * kWarpgroups;
+  static constexpr int kChunks = kHeadDim / 4;    // 16-byte chunks per fp32 row
+  static constexpr int kQKSteps = kHeadDim / 8;   // k-steps of Q·Kᵀ (8 dims each)
+  static constexpr int kPVSteps = kBlockN / 8;    // k-steps of P·V (8 keys each)
+  static constexpr int kNTiles = kBlockN / 8;     // 8-key column tiles of S per warp
+  static constexpr int kDTiles = kHeadDim / 8;    // 8-column tiles of O per warp
+  static constexpr int kQPlaneBytes = kBlockM * kHeadDim * 4;  // one swizzled Q plane
+  static constexpr int kKPlaneBytes = kBlockN * kHeadDim * 4;  // one K plane (or Vᵀ plane)
+  static constexpr int kStagingBytes = kBlockN * kHeadDim * 4;  // raw K (or V) rows, pitch d
+  // [ Q big | Q small | K big | K small | Vᵀ big | Vᵀ small | raw K | raw V ], from a
+  // 1024-byte boundary (kSmemBytes holds the slack to reach it).
+  static constexpr int kSmemBytes =
+      2 * kQPlaneBytes + 4 * kKPlaneBytes + 2 * kStagingBytes + sm90::kAtomBytes;
+  // The staging load is step 2b's load_tile (kernel.cuh), which asks for these.
+  static constexpr int kMinBlocks = 1;
+
+  static_assert(kHeadDim % 32 == 0, "head dim: whole 32-float swizzle blocks");
+  static_assert(kBlockN % 32 == 0, "Vᵀ rows: whole 32-key swizzle blocks");
+  static_assert(kBlockN % 8 == 0 && kBlockM % 8 == 0, "tiles hold whole 8-row swizzle atoms");
+  static_assert(kQPlaneBytes % sm90::kAtomBytes == 0 && kKPlaneBytes % sm90::kAtomBytes == 0 &&
+                    kStagingBytes % 16 == 0,
+                "every plane starts on a 1024-byte swizzle atom, the staging on 16 bytes");
+  static_assert(kThreads % kChunks == 0, "a pass of the CTA covers whole rows (load_tile)");
+  static_assert((kBlockM * kChunks) % kThreads == 0 && (kBlockN * kChunks) % kThreads == 0,
+                "Q and K/V tiles are whole passes of the CTA's threads");
+  static_assert(kSmemBytes <= sm90::kSmemLimit, "the CTA's shared memory fits 227 KB");
+};
+
+// Head dims served and their tiles, chosen by what fits (not yet swept):
+//  d=64 : 128 query rows, 64-key tiles: 64 KB of Q planes + 64 KB of K/Vᵀ planes + 32 KB
+//         of staging = 161 KB.
+//  d=128: 128 query rows, 32-key tiles: 128 + 64 + 32 = 225 KB (one CTA per SM either way).
+template <int kHeadDim>
+struct Tf32Sm90Traits;
+template <>
+struct Tf32Sm90Traits<64> : Tf32Sm90Config<64, 64, 2> {};
+template <>
+struct Tf32Sm90Traits<128> : Tf32Sm90Config<128, 32, 2> {};
+
+// Shared-memory addresses of one CTA's planes (the map in Tf32Sm90Config).
+template <class Cfg>
+struct Tf32Sm90Smem {
+  uint32_t q_big, q_small, k_big, k_small, vt_big, vt_small, k_raw, v_raw;
+  float* q_big_ptr;  // generic pointers of what threads read and write as floats
+  float* k_raw_ptr;
+  float* v_raw_ptr;
+  unsigned char* base;
+  __device__ __forceinline__ explicit Tf32Sm90Smem(unsigned char* raw_ptr) {
+    const uint32_t raw = ptx::smem_addr(raw_ptr);
+    q_big = sm90::atom_aligned(raw);
+    base = raw_ptr + (q_big - raw);
+    q_small = q_big + Cfg::kQPlaneBytes;
+    k_big = q_small + Cfg::kQPlaneBytes;
+    k_small = k_big + Cfg::kKPlaneBytes;
+    vt_big = k_small + Cfg::kKPlaneBytes;
+    vt_small = vt_big + Cfg::kKPlaneBytes;
+    k_raw = vt_small + Cfg::kKPlaneBytes;
+    v_raw = k_raw + Cfg::kStagingBytes;
+    q_big_ptr = reinterpret_cast<float*>(base);
+    k_raw_ptr = reinterpret_cast<float*>(base + (k_raw - q_big));
+    v_raw_ptr = reinterpret_cast<float*>(base + (v_raw - q_big));
+  }
+  __device__ __forceinline__ unsigned char* at(uint32_t address) const {
+    return base + (address - q_big);
+  }
+};
+
+// The 3xTF32 split of one 16-byte chunk, written to the same offset of two planes.
+__device__ __forceinline__ void split_chunk_to(unsigned char* big, unsigned char* small,
+                                               const float (&x)[4]) {
+  uint32_t b[4], s[4];
+  split4(x, b, s);
+  *reinterpret_cast<uint4*>(big) = make_uint4(b[0], b[1], b[2], b[3]);
+  *reinterpret_cast<uint4*>(small) = make_uint4(s[0], s[1], s[2], s[3]);
+}
+
+// Q rows [0, kBlockM) (row 0 at src) straight into the swizzled big plane by cp.async,
+// rows >= valid_rows zero-filled; split in place afterwards (split_q).
+template <class Cfg>
+__device__ __forceinline__ void load_q_swizzled(uint32_t q_big, const float* src,
+                                                int64_t row_stride, int valid_rows) {
+  constexpr int kPasses = Cfg::kBlockM * Cfg::kChunks / Cfg::kThreads;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int id = static_cast<int>(threadIdx.x) + pass * Cfg::kThreads;
+    const int row = id / Cfg::kChunks, chunk = id % Cfg::kChunks;
+    const bool ok = row < valid_rows;
+    ptx::cp_async_16(q_big + sm90::swizzled_offset<Cfg::kBlockM>(row, chunk),
+                     ok ? src + row * row_stride + chunk * 4 : src, ok);
+  }
+}
+
+// Q's big plane holds raw fp32 values: each thread splits the chunks it loaded itself (the
+// same ids as load_q_swizzled), big back in place, small into the small plane.
+template <class Cfg>
+__device__ __forceinline__ void split_q(const Tf32Sm90Smem<Cfg>& sm) {
+  constexpr int kPasses = Cfg::kBlockM * Cfg::kChunks / Cfg::kThreads;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int id = static_cast<int>(threadIdx.x) + pass * Cfg::kThreads;
+    const uint32_t offset = sm90::swizzled_offset<Cfg::kBlockM>(id / Cfg::kChunks, id % Cfg::kChunks);
+    unsigned char* big = sm.at(sm.q_big + offset);
+    const float4 x4 = *reinterpret_cast<const float4*>(big);
+    split_chunk_to(big, sm.at(sm.q_small + offset), {x4.x, x4.y, x4.z, x4.w});
+  }
+}
+
+// The staged raw K and V rows (row-major, pitch d) into the four planes:
+//  K: chunk c of key row r to swizzled_offset<kBlockN>(r, c) of K big / K small;
+//  V: Vᵀ row n (head-dim column n), chunk c = keys 8·(c / 2) + (c % 2) + {0, 2, 4, 6}
+//     (the 0, 2, 4, 6, 1, 3, 5, 7 order of every 8 keys), to swizzled_offset<d>(n, c).
+// Threads take consecutive n for V, so a warp's four column reads hit 32 banks each and a
+// quarter-warp's 16-byte stores 8 distinct swizzle positions.
+template <class Cfg>
+__device__ __forceinline__ void split_kv(const Tf32Sm90Smem<Cfg>& sm) {
+  constexpr int kD = Cfg::kHeadDim;
+  constexpr int kPasses = Cfg::kBlockN * Cfg::kChunks / Cfg::kThreads;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int id = static_cast<int>(threadIdx.x) + pass * Cfg::kThreads;
+    const int row = id / Cfg::kChunks, chunk = id % Cfg::kChunks;
+    const float4 x4 = *reinterpret_cast<const float4*>(sm.k_raw_ptr + row * kD + chunk * 4);
+    const uint32_t offset = sm90::swizzled_offset<Cfg::kBlockN>(row, chunk);
+    split_chunk_to(sm.at(sm.k_big + offset), sm.at(sm.k_small + offset), {x4.x, x4.y, x4.z, x4.w});
+  }
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int id = static_cast<int>(threadIdx.x) + pass * Cfg::kThreads;
+    const int n = id % kD, chunk = id / kD;  // chunk: 4 key positions of Vᵀ row n
+    const int key0 = 8 * (chunk / 2) + chunk % 2;
+    const float* column = sm.v_raw_ptr + n;
+    const float x[4] = {column[(key0 + 0) * kD], column[(key0 + 2) * kD],
+                        column[(key0 + 4) * kD], column[(key0 + 6) * kD]};
+    const uint32_t offset = sm90::swizzled_offset<kD>(n, chunk);
+    split_chunk_to(sm.at(sm.vt_big + offset), sm.at(sm.vt_small + offset), x);
+  }
+}
+
+template <int kRegs>
+__device__ __forceinline__ void fence_accumulator(float (&r)[kRegs]) {
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) ptx::fence_register(r[i]);
+}
+
+// An accumulator of m64nNk8 (N/2 registers) seen as this warp's mma.sync-shaped tiles
+// [1][N/8][4] (the same registers: ptx/wgmma.cuh's layout), for mma_fragment.cuh.
+template <int kTiles>
+__device__ __forceinline__ float (&as_mma_tiles(float (&acc)[kTiles * 4]))[1][kTiles][4] {
+  return *reinterpret_cast<float(*)[1][kTiles][4]>(&acc);
+}
+
+template <class Cfg, class Logits>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    tf32x3_sm90_forward_kernel(const AttentionParams p) {
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
+  constexpr int kNTiles = Cfg::kNTiles, kDTiles = Cfg::kDTiles;
+  constexpr int kSRegs = kBlockN / 2, kORegs = kD / 2;
+  constexpr float kLog2e = 1.4426950408889634f;
+  using MmaQK = ptx::WgmmaTf32<kBlockN>;  // S (64, kBlockN) = Q (64, d) · Kᵀ
+  using MmaPV = ptx::WgmmaTf32<kD>;       // pv (64, d) = P (64, kBlockN) · V
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const Tf32Sm90Smem<Cfg> sm(smem_raw);
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warpgroup = warp / 4, warp_in_group = warp % 4;
+  const int64_t h = blockIdx.y, b = blockIdx.z, hk = h / p.heads_per_kv();
+  const SeqlenInfo<int> seq(p, b);
+  const int query_block = heaviest_first_block(p.window_left, p.window_right,
+                                               static_cast<int>(blockIdx.x),
+                                               static_cast<int>(gridDim.x));
+  const int row_start = query_block * kBlockM;
+  if (row_start >= seq.seqlen_q) return;
+  const Mask<int> mask = seq.mask(p);
+  // Key tiles some row of this block sees, visited last-first: tile i is key block
+  // blocks.end - 1 - i.
+  const KeyBlocks<int> blocks =
+      key_blocks(mask, row_start, min(row_start + kBlockM, seq.seqlen_q), kBlockN);
+  const int n_tiles = blocks.count();
+  const int head_dim = static_cast<int>(p.head_dim);
+
+  const float* q_tile = static_cast<const float*>(p.q) + seq.q_offset(p, b, row_start, h);
+  const float* k_head = static_cast<const float*>(p.k) + seq.k_offset(p, b, 0, hk);
+  const float* v_head = static_cast<const float*>(p.v) + seq.v_offset(p, b, 0, hk);
+
+  load_q_swizzled<Cfg>(sm.q_big, q_tile, p.q_row_stride, seq.seqlen_q - row_start);
+  ptx::cp_async_commit();
+  // Raw rows of tile `tile` into the staging area (step 2b's load_tile, zero past the end).
+  auto issue_tile = [&](int tile) {
+    if (tile < n_tiles) {
+      const int n0 = (blocks.end - 1 - tile) * kBlockN;
+      const int valid_rows = seq.seqlen_k - n0;
+      load_tile<Cfg, kBlockN, kD, true>(sm.k_raw_ptr, k_head + n0 * p.k_row_stride,
+                                        p.k_row_stride, valid_rows, head_dim);
+      load_tile<Cfg, kBlockN, kD, true>(sm.v_raw_ptr, v_head + n0 * p.v_row_stride,
+                                        p.v_row_stride, valid_rows, head_dim);
+    }
+    ptx::cp_async_commit();
+  };
+  issue_tile(0);
+  ptx::cp_async_wait<1>();  // Q (the older group) has landed for this thread
+  split_q<Cfg>(sm);         // this thread's own chunks; the loop's barriers publish them
+
+  const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
+  const int last_row = min(row_start + kBlockM, seq.seqlen_q) - 1;
+  const int warp_row0 = warpgroup * sm90::kWarpgroupRows + warp_in_group * 16;
+  const int group_row0 = warpgroup * sm90::kWarpgroupRows;  // this warpgroup's Q rows
+
+  float o[kORegs];  // (16 rows of this warp, d) fp32, as [1][kDTiles][4] tiles
+#pragma unroll
+  for (int r = 0; r < kORegs; ++r) o[r] = 0.0f;
+  SoftmaxState<float> state[2] = {{-std::numeric_limits<float>::infinity(), 0.0f},
+                                  {-std::numeric_limits<float>::infinity(), 0.0f}};
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    ptx::cp_async_wait<0>();  // this tile's raw rows have landed (for this thread)
+    __syncthreads();          // ... for every thread; every wgmma of the last tile is done
+    split_kv<Cfg>(sm);
+    ptx::fence_proxy_async_shared();  // the planes (and Q's, once) are read by wgmma next
+    __syncthreads();                  // planes written; the staging area is free
+    issue_tile(tile + 1);
+    const int n_block = blocks.end - 1 - tile;
+    const int n0 = n_block * kBlockN;
+
+    // S = Q·Kᵀ: big·big in s, the two corrections in s_corr (added once, in fp32).
+    float s[kSRegs], s_corr[kSRegs];
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Cfg::kQKSteps; ++ks)
+      MmaQK::ss(s, sm90::k_major_descriptor<kBlockM>(sm.q_big, group_row0, ks),
+                sm90::k_major_descriptor<kBlockN>(sm.k_big, 0, ks), ks > 0);
+#pragma unroll
+    for (int ks = 0; ks < Cfg::kQKSteps; ++ks) {
+      MmaQK::ss(s_corr, sm90::k_major_descriptor<kBlockM>(sm.q_small, group_row0, ks),
+                sm90::k_major_descriptor<kBlockN>(sm.k_big, 0, ks), ks > 0);
+      MmaQK::ss(s_corr, sm90::k_major_descriptor<kBlockM>(sm.q_big, group_row0, ks),
+                sm90::k_major_descriptor<kBlockN>(sm.k_small, 0, ks), true);
+    }
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    fence_accumulator(s);
+    fence_accumulator(s_corr);
+#pragma unroll
+    for (int r = 0; r < kSRegs; ++r) s[r] += s_corr[r];
+    float(&st)[1][kNTiles][4] = as_mma_tiles<kNTiles>(s);
+
+    // Softcap and ALiBi (precise tanh), then the mask where key_blocks() says it cuts.
+    transform_scores<Logits>(st, lane, row_start, warp_row0, n0, logits, mask, PreciseTanh{});
+    if (blocks.needs_mask(n_block))
+      mask_scores(st, lane, row_start, warp_row0, n0, mask, n0 >= mask.first_key(last_row));
+
+    // Online softmax (as step 2b); P overwrites S.
+    float(&ot)[1][kDTiles][4] = as_mma_tiles<kDTiles>(o);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float row_max = quad_row_max(st[0], half);
+      SoftmaxState<float>& sst = state[half];
+      const float alpha = online_softmax_rescale(sst, row_max);
+      if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          ot[0][dt][2 * half] *= alpha;
+          ot[0][dt][2 * half + 1] *= alpha;
+        }
+      }
+      const float shift = safe_shift(sst.m);
+      float row_sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = st[0][nt][2 * half + e];
+          x = ptx::exp2_approx((x - shift) * kLog2e);
+          row_sum += x;
+        }
+      sst.l += row_sum;
+    }
+
+    // O += P·V. k-step kk takes keys 8kk .. 8kk+7, key 2t as k-index t and 2t + 1 as t + 4
+    // (Vᵀ's column order): A = (P[g][2t], P[g+8][2t], P[g][2t+1], P[g+8][2t+1]) = S tile
+    // kk's registers 0, 2, 1, 3. The tile's three products are summed on the tensor cores in
+    // pv (corrections first) and added to O in fp32.
+    uint32_t pa_big[Cfg::kPVSteps][4], pa_small[Cfg::kPVSteps][4];
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kPVSteps; ++kk) {
+      const float pv4[4] = {st[0][kk][0], st[0][kk][2], st[0][kk][1], st[0][kk][3]};
+      split4(pv4, pa_big[kk], pa_small[kk]);
+    }
+    float pv[kORegs];
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kPVSteps; ++kk) {
+      MmaPV::rs(pv, pa_small[kk], sm90::k_major_descriptor<kD>(sm.vt_big, 0, kk), kk > 0);
+      MmaPV::rs(pv, pa_big[kk], sm90::k_major_descriptor<kD>(sm.vt_small, 0, kk), true);
+    }
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kPVSteps; ++kk)
+      MmaPV::rs(pv, pa_big[kk], sm90::k_major_descriptor<kD>(sm.vt_big, 0, kk), true);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    fence_accumulator(pv);
+#pragma unroll
+    for (int r = 0; r < kORegs; ++r) o[r] += pv[r];
+  }
+  ptx::cp_async_wait<0>();  // only empty groups remain (or Q's, when no tile ran)
+
+  // Epilogue (step 2b's unsplit path): NaN rule, sink, 1/l, the LSE.
+  const float sink = sink_logit<float>(p, h);
+  float* o_tile = static_cast<float*>(p.o) + seq.o_offset(p, b, row_start, h);
+  const int g = lane / 4, t = lane % 4;
+  float(&ot)[1][kDTiles][4] = as_mma_tiles<kDTiles>(o);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    SoftmaxState<float> sst = state[half];
+    sst.l += __shfl_xor_sync(0xffffffffu, sst.l, 1);
+    sst.l += __shfl_xor_sync(0xffffffffu, sst.l, 2);
+    const int local_row = warp_row0 + g + 8 * half;
+    const int row = row_start + local_row;
+    if (row >= seq.seqlen_q) continue;
+    nan_if_no_finite_score(sst, mask.visible_keys(row) > 0);
+    const float sink_factor = p.sinks != nullptr ? add_sink(sst, sink) : 1.0f;
+    const float out_scale = sink_factor * output_scale(sst);  // 0 for a fully masked row
+    float* to = o_tile + local_row * p.o_row_stride;
+    if (p.lse != nullptr && t == 0) p.lse[seq.lse_index(p, b, h, row)] = log_sum_exp(sst);
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      const int col = dt * 8 + 2 * t;  // this lane's column pair (rows on 16 bytes)
+      *reinterpret_cast<float2*>(to + col) =
+          make_float2(ot[0][dt][2 * half] * out_scale, ot[0][dt][2 * half + 1] * out_scale);
+    }
+  }
+}
+
+template <class Cfg, class Logits>
+void launch_tf32x3_sm90_forward(const AttentionParams& p, cudaStream_t stream) {
+  auto* kernel = &tf32x3_sm90_forward_kernel<Cfg, Logits>;
+  static std::atomic<uint64_t> smem_raised{0};  // one per kernel
+  raise_smem_limit_once(kernel, Cfg::kSmemBytes, p.device_index, smem_raised);
+  const int query_blocks = static_cast<int>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
+  const dim3 grid(static_cast<unsigned>(query_blocks), static_cast<unsigned>(p.heads_q),
+                  static_cast<unsigned>(p.batch));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  check_launch("tf32x3_sm90_forward_kernel");
+}
+
+// One head dim's kernels (instantiated in sm90_hdim<D>.cu): one per LogitsFlags.
+template <int kHeadDim>
+void run_tf32x3_sm90_forward(const AttentionParams& p, cudaStream_t stream) {
+  with_logits_flags(p, [&](auto flags) {
+    launch_tf32x3_sm90_forward<Tf32Sm90Traits<kHeadDim>, decltype(flags)>(p, stream);
+  });
+}
+
+}  // namespace flashtile::detail::tf32x3
