@@ -17,6 +17,7 @@
 
 #include "api/params.hpp"
 #include "cuda/05_tf32x3/selection.hpp"
+#include "support/backend_grid.hpp"
 #include "support/device_case.hpp"
 #include "support/oracle_check.hpp"
 #include "support/variants.hpp"
