@@ -6,18 +6,19 @@
 # field grid beside SDPA's memory-efficient kernel (bench/peers.py) and the mma.sync kernel
 # on the same grid (FLASHTILE_TF32X3_PATH=mma). Binaries built elsewhere for sm_90a come in
 # BIN_TAR (a gzip tar of flashtile, flashtile_cuda_tf32x3_sm90_tests,
-# flashtile_cuda_tf32x3_tests); logs go to $OUT/logs and come back as $OUT/logs.tgz.
+# flashtile_cuda_tf32x3_tests); the logs come back as $OUT/logs.tgz.
 # Usage (worktree root, .device carried): BIN_TAR=.devbin/bins.tgz OUT=dir bench/tf32x3_sm90_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-tf32x3-sm90-logs}
-logs=$out/logs
-mkdir -p "$logs"
+work=$(mktemp -d)  # the logs, outside $OUT (the device tool returns at most 8 files)
+logs=$work/logs
+mkdir -p "$logs" "$out"
 deps=$(cd "${DEPS:-../../.device/deps}" && pwd)
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 bin=/tmp/tf32x3-sm90-bin
 mkdir -p "$bin" && tar xzf "${BIN_TAR:-.devbin/bins.tgz}" -C "$bin"
-pack() { tar czf "$out/logs.tgz" -C "$out" logs; }
+pack() { tar czf "$out/logs.tgz" -C "$work" logs; }
 t0=$SECONDS
 stamp() { echo "[$((SECONDS - t0)) s] $*"; }
 
