@@ -215,29 +215,29 @@ TEST(CudaTf32x3Sm90, SelectorChoosesByCoverage) {
     DeviceCase d(c);
     return kernel_for(c, d);
   };
-  // Calls that fill the chip unsplit (as the field grid does).
-  EXPECT_EQ(choice(shape_of(1, 2048, 2048, 16, 16, 64)), Tf32x3Kernel::wgmma);
-  EXPECT_EQ(choice(shape_of(1, 2048, 2048, 16, 16, 128)), Tf32x3Kernel::wgmma);
+  // The field grid's calls fill the chip unsplit.
+  EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Tf32x3Kernel::wgmma);
+  EXPECT_EQ(choice(shape_of(1, 16384, 16384, 16, 16, 128)), Tf32x3Kernel::wgmma);
   // Head dims without a wgmma kernel.
-  EXPECT_EQ(choice(shape_of(1, 2048, 2048, 16, 16, 96)), Tf32x3Kernel::mma_sync);
-  EXPECT_EQ(choice(shape_of(1, 2048, 2048, 16, 16, 32)), Tf32x3Kernel::mma_sync);
+  EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 96)), Tf32x3Kernel::mma_sync);
+  EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 32)), Tf32x3Kernel::mma_sync);
   // The write-up's case splits its keys: the mma.sync kernel and its combine.
   EXPECT_EQ(choice(shape_of(1, 1024, 1024, 1, 1, 64)), Tf32x3Kernel::mma_sync);
   {
     const ScopedEnv split("FLASHTILE_TF32X3_SPLITS", "3");
-    EXPECT_EQ(choice(shape_of(1, 2048, 2048, 16, 16, 64)), Tf32x3Kernel::mma_sync);
+    EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Tf32x3Kernel::mma_sync);
   }
   {
     const ScopedEnv single("FLASHTILE_TF32X3_MODE", "single");
-    EXPECT_EQ(choice(shape_of(1, 2048, 2048, 16, 16, 64)), Tf32x3Kernel::mma_sync);
+    EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Tf32x3Kernel::mma_sync);
   }
   {
     const ScopedEnv mma("FLASHTILE_TF32X3_PATH", "mma");
-    EXPECT_EQ(choice(shape_of(1, 2048, 2048, 16, 16, 64)), Tf32x3Kernel::mma_sync);
+    EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Tf32x3Kernel::mma_sync);
   }
   {
     const ScopedEnv bad("FLASHTILE_TF32X3_PATH", "tensor");
-    EXPECT_THROW(choice(shape_of(1, 2048, 2048, 16, 16, 64)), Error);
+    EXPECT_THROW(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Error);
   }
 }
 
