@@ -177,7 +177,8 @@ void launch_forward(const AttentionParams& p, const tf32x3::SplitArgs& args,
   }
 }
 
-// FLASHTILE_TF32X3_PATH: false when pinned to "mma".
+#if FLASHTILE_TF32X3_WITH_SM90
+// FLASHTILE_TF32X3_PATH: false when pinned to "mma" (read only where the wgmma path exists).
 bool wgmma_path_allowed() {
   const char* value = std::getenv("FLASHTILE_TF32X3_PATH");
   if (value == nullptr || *value == '\0' || std::string(value) == "auto") return true;
@@ -186,6 +187,7 @@ bool wgmma_path_allowed() {
               std::string("FLASHTILE_TF32X3_PATH must be \"auto\" or \"mma\"; got \"") + value +
                   "\"");
 }
+#endif
 
 }  // namespace
 
