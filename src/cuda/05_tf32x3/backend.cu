@@ -8,6 +8,8 @@
 //                              instead of choosing them from the SM count
 //   FLASHTILE_TF32X3_MODE=single  plain TF32 (one product, ~1e-3 relative error: it fails
 //                              the fp32 rule and is never the default); "split" = 3xTF32
+//   FLASHTILE_TF32X3_PATH=mma     the mma.sync kernel even where the wgmma one (step 2c,
+//                              sm_90a) would serve; "auto" (default) picks per call
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -16,7 +18,11 @@
 #include <string>
 
 #include "cuda/05_tf32x3/kernel.cuh"
+#include "cuda/05_tf32x3/selection.hpp"
 #include "cuda/device_guard.cuh"
+#if FLASHTILE_TF32X3_WITH_SM90
+#include "cuda/05_tf32x3/sm90.hpp"
+#endif
 
 namespace flashtile::detail {
 namespace {
@@ -171,9 +177,55 @@ void launch_forward(const AttentionParams& p, const tf32x3::SplitArgs& args,
   }
 }
 
+#if FLASHTILE_TF32X3_WITH_SM90
+// FLASHTILE_TF32X3_PATH: false when pinned to "mma" (read only where the wgmma path exists).
+bool wgmma_path_allowed() {
+  const char* value = std::getenv("FLASHTILE_TF32X3_PATH");
+  if (value == nullptr || *value == '\0' || std::string(value) == "auto") return true;
+  if (std::string(value) == "mma") return false;
+  throw Error(ErrorKind::invalid_argument,
+              std::string("FLASHTILE_TF32X3_PATH must be \"auto\" or \"mma\"; got \"") + value +
+                  "\"");
+}
+#endif
+
+}  // namespace
+
+// Which kernel a call runs (selection.hpp). The wgmma path (step 2c) serves what its
+// kernels cover: sm_90a code built and a 9.0 device, 3xTF32, head_dim 64 or 128 exactly,
+// rows on 16 bytes, and no key split (calls small enough to split keep the mma.sync kernel
+// and its split-KV combine). Measured (H200, one call, fp32 field grid, 16k tokens, seqlen
+// 1k-16k, full and causal; docs/JOURNEY.md step 2c): wgmma 47.3-60.6 TFLOP/s at d=64 and
+// 50.2-64.0 at d=128 against mma.sync's 36.0-40.9 and 33.3-42.1, 1.31-1.54x at every
+// point, so it takes every call it covers. Not timed apart: varlen, windows, softcap,
+// ALiBi, sinks (correct on both: tests/cuda/test_cuda_tf32x3_sm90.cpp).
+Tf32x3Kernel tf32x3_kernel_for(const AttentionParams& p) {
+#if FLASHTILE_TF32X3_WITH_SM90
+  const bool covered = device_facts(p.device_index).cc.number() == 90 &&
+                       (p.head_dim == 64 || p.head_dim == 128) && tf32x3::rows_aligned_16(p) &&
+                       precision_from_environment() == tf32x3::Precision::split3 &&
+                       split_plan(p).splits == 1;
+  if (covered && wgmma_path_allowed()) return Tf32x3Kernel::wgmma;
+#else
+  (void)p;
+#endif
+  return Tf32x3Kernel::mma_sync;
+}
+
+namespace {
+
 void run_tf32x3(const AttentionParams& p) {
   const DeviceGuard on_device(p.device_index);
   auto stream = static_cast<cudaStream_t>(p.stream);
+#if FLASHTILE_TF32X3_WITH_SM90
+  if (tf32x3_kernel_for(p) == Tf32x3Kernel::wgmma) {
+    if (p.head_dim == 64)
+      tf32x3::run_tf32x3_sm90_forward<64>(p, stream);
+    else
+      tf32x3::run_tf32x3_sm90_forward<128>(p, stream);
+    return;
+  }
+#endif
   const tf32x3::Precision precision = precision_from_environment();
   const SplitPlan plan = split_plan(p);
   tf32x3::SplitArgs args;

@@ -10,8 +10,8 @@
 //  - A from registers (64 x 16, four 32-bit registers of two 16-bit values): a[0] row
 //    16·w + g, columns 2t, 2t+1; a[1] row +8; a[2] columns +8; a[3] row +8 and columns +8,
 //    which is how the accumulator of 16 adjacent columns packs into an A operand.
-// Only the (type, N) the kernels use exist; their asm comes from the two macros FT_WGMMA_SS
-// and FT_WGMMA_RS below.
+// Only the (type, N) the kernels use exist; their asm comes from the macros FT_WGMMA_SS and
+// FT_WGMMA_RS below (FT_WGMMA_SS_TF32 / FT_WGMMA_RS_TF32 for tf32's k8 forms).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -90,14 +90,17 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 #define FT_WGMMA_D8(i)                                                                        \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FT_WGMMA_ACC_16 FT_WGMMA_D8(0), FT_WGMMA_D8(8)
 #define FT_WGMMA_ACC_32 FT_WGMMA_D8(0), FT_WGMMA_D8(8), FT_WGMMA_D8(16), FT_WGMMA_D8(24)
 #define FT_WGMMA_ACC_64 \
   FT_WGMMA_ACC_32, FT_WGMMA_D8(32), FT_WGMMA_D8(40), FT_WGMMA_D8(48), FT_WGMMA_D8(56)
 #define FT_WGMMA_ACC_128                                                                      \
   FT_WGMMA_ACC_64, FT_WGMMA_D8(64), FT_WGMMA_D8(72), FT_WGMMA_D8(80), FT_WGMMA_D8(88),        \
       FT_WGMMA_D8(96), FT_WGMMA_D8(104), FT_WGMMA_D8(112), FT_WGMMA_D8(120)
+#define FT_WGMMA_ACC_NAMES_16 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define FT_WGMMA_ACC_NAMES_32 \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  FT_WGMMA_ACC_NAMES_16 ", " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define FT_WGMMA_ACC_NAMES_64 \
   FT_WGMMA_ACC_NAMES_32 ", " \
@@ -171,14 +174,62 @@ struct Wgmma<__half, 256> {
   FT_WGMMA_RS(256, "f16", 128, 128, 129, 130, 131, 132, 133)
 };
 
+// tf32 (sm_90a): m64nNk8, operands the 32-bit patterns of tf32 values (low 13 bits zero).
+// The PTX ISA offers no transpose for .tf32: A and B are both K-major in shared memory (the
+// forms take no imm-trans operands), so an MN-major operand (V of P·V) has to be written
+// transposed by the kernel. A from registers is four 32-bit values per thread (CUTLASS's
+// ALayout_64x8 agrees): a[0] row 16·w + g, column t; a[1] row +8; a[2] column t + 4; a[3]
+// both, i.e. the m16n8k8 tf32 A fragment of mma.sync (ptx/tf32.cuh) per warp.
+#define FT_WGMMA_SS_TF32(n, r, a_at, b_at, flag_at)                                          \
+  static __device__ __forceinline__ void ss(float (&d)[r], uint64_t a, uint64_t b,          \
+                                            bool accumulate) {                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #flag_at ", 0;\n"                     \
+                 "wgmma.mma_async.sync.aligned.m64n" #n "k8.f32.tf32.tf32 "                 \
+                 "{" FT_WGMMA_ACC_NAMES_##r "}, %" #a_at ", %" #b_at ", p, 1, 1;\n}\n"       \
+                 : FT_WGMMA_ACC_##r                                                         \
+                 : "l"(a), "l"(b), "r"(int(accumulate)));                                   \
+  }
+#define FT_WGMMA_RS_TF32(n, r, a0_at, a1_at, a2_at, a3_at, b_at, flag_at)                    \
+  static __device__ __forceinline__ void rs(float (&d)[r], const uint32_t (&a)[4],          \
+                                            uint64_t b, bool accumulate) {                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #flag_at ", 0;\n"                     \
+                 "wgmma.mma_async.sync.aligned.m64n" #n "k8.f32.tf32.tf32 "                 \
+                 "{" FT_WGMMA_ACC_NAMES_##r "}, {%" #a0_at ", %" #a1_at ", %" #a2_at        \
+                 ", %" #a3_at "}, %" #b_at ", p, 1, 1;\n}\n"                                \
+                 : FT_WGMMA_ACC_##r                                                         \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate))); \
+  }
+
+// D (64 x N fp32) = A·B (+ D) with tf32 operands (cuda_tf32x3's sm_90a path): ss for
+// S = Q·Kᵀ (N = keys per tile), rs for O += P·V (N = head dim).
+template <int N>
+struct WgmmaTf32;
+template <>
+struct WgmmaTf32<32> {
+  FT_WGMMA_SS_TF32(32, 16, 16, 17, 18)
+};
+template <>
+struct WgmmaTf32<64> {
+  FT_WGMMA_SS_TF32(64, 32, 32, 33, 34)
+  FT_WGMMA_RS_TF32(64, 32, 32, 33, 34, 35, 36, 37)
+};
+template <>
+struct WgmmaTf32<128> {
+  FT_WGMMA_RS_TF32(128, 64, 64, 65, 66, 67, 68, 69)
+};
+
+#undef FT_WGMMA_RS_TF32
+#undef FT_WGMMA_SS_TF32
 #undef FT_WGMMA_RS
 #undef FT_WGMMA_SS
 #undef FT_WGMMA_ACC_NAMES_128
 #undef FT_WGMMA_ACC_NAMES_64
 #undef FT_WGMMA_ACC_NAMES_32
+#undef FT_WGMMA_ACC_NAMES_16
 #undef FT_WGMMA_ACC_128
 #undef FT_WGMMA_ACC_64
 #undef FT_WGMMA_ACC_32
+#undef FT_WGMMA_ACC_16
 #undef FT_WGMMA_D8
 
 }  // namespace flashtile::detail::ptx

@@ -1,0 +1,16 @@
+// Which of cuda_tf32x3's two kernels a call runs (plain C++: the tests include it).
+#pragma once
+
+#include "api/params.hpp"
+
+namespace flashtile::detail {
+
+enum class Tf32x3Kernel {
+  mma_sync,  // step 2b: mma.sync m16n8k8 (sm_80+), every call, split-KV for small ones
+  wgmma,     // step 2c: wgmma m64nNk8 (sm_90a), what its kernels cover (backend.cu)
+};
+
+// The kernel cuda_tf32x3 runs for p (validated and supported by cuda_tf32x3).
+Tf32x3Kernel tf32x3_kernel_for(const AttentionParams& p);
+
+}  // namespace flashtile::detail

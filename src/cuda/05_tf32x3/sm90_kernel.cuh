@@ -1,0 +1,602 @@
+// Journey step 2c — cuda_tf32x3 on wgmma (sm_90a only): the 3xTF32 scheme of kernel.cuh
+// (step 2b) with both products on Hopper's asynchronous warpgroup MMA, wgmma.mma_async
+// m64nNk8 with tf32 operands, instead of mma.sync m16n8k8.
+//
+// Same arithmetic as step 2b: every operand x is split into big = tf32(x) and small =
+// tf32(x - big) (ptx/tf32.cuh; Inf travels in the small part) and each product is
+// small·big + big·small + big·big. S's big·big sum and its two corrections have accumulators
+// of their own, added once in fp32 round-to-nearest; O's products are summed on the tensor
+// cores over one key tile only and then added to O in fp32 (the tensor cores' accumulation
+// rounds toward zero: step 2b measured 8.7e-4 at N = 131072 with O accumulated over every
+// key). P is split after its exp, in registers.
+//
+// Layout (the PTX ISA offers no transpose for .tf32: A and B are both K-major):
+//  - Q (kBlockM, d), K (kBlockN, d): K-major 128-byte-swizzle tiles, as cuda_sm90's
+//    (04_sm90/kernel.cuh: swizzled_offset, k_major_descriptor, which count 16-byte chunks and
+//    32-byte k-steps and so serve 32-bit columns unchanged: a swizzle block is 32 floats, a
+//    k-step of m64nNk8 is 8 floats). Each plane comes twice: big and small.
+//  - V is needed as B of P·V, K-major over the keys: Vᵀ (d, kBlockN) per plane, written
+//    transposed by the split. Inside every 8 keys its columns run 0, 2, 4, 6, 1, 3, 5, 7, so
+//    that S's accumulator, whose lane holds keys 2t and 2t+1 of each 8, is P·V's A operand
+//    as it stands (A's k-indices t and t + 4).
+//  - Raw fp32 rows of the next K and V tile land by cp.async in a staging area while the
+//    tensor cores work on this tile, and are split into the planes by the threads.
+//
+// The CTA: kWarpgroups consumer warpgroups of 64 query rows each, no producer warpgroup
+// (every thread loads and splits), each wgmma group waited for before its result is used.
+// Two pipelines (Tf32Sm90Config::kOverlapSplit):
+//  - tf32x3_sm90_forward_kernel (d=128: a second plane set does not fit): one set of
+//    planes; per tile every thread splits K and V (a CTA-wide transpose) between two
+//    __syncthreads, with the tensor cores idle.
+//  - tf32x3_sm90_overlap_kernel (d=64): two sets; each thread stages and splits only its own
+//    chunks (V as a 4x4 block it transposes itself), so tile j + 1 is split into the other
+//    set while S(j)'s wgmma run, and one __syncthreads per tile remains.
+// The accumulator of m64nNk8 lays each warp's 16 rows out as mma.sync's m16n8 tiles (row
+// g / g + 8, columns 2t, 2t + 1 of each 8), so the score passes of mma_fragment.cuh
+// (transform, mask, quad max) and step 2b's softmax and epilogue apply as they stand.
+//
+// Served (backend.cu decides): fp32, head_dim 64 or 128 exactly, rows on 16 bytes, 3xTF32,
+// no key split; dense and varlen, every mask and variant (through src/attn/ as step 2b).
+//
+// Measured (H200, fp32 field grid, 16k tokens, seqlen 1k-16k; docs/JOURNEY.md step 2c):
+// d=64 47.3-60.6 TFLOP/s (1.53-1.83x SDPA's memory-efficient kernel in the same run),
+// d=128 50.2-64.0 (1.27-1.46x); 1.31-1.54x the mma.sync kernel. Normwise error against the
+// double oracle 1.4e-7..2.5e-7, as step 2b's.
+#pragma once
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "attn/block_range.hpp"
+#include "attn/features.hpp"
+#include "attn/seqlen.hpp"
+#include "attn/softmax_state.hpp"
+#include "attn/variant.hpp"
+#include "cuda/04_sm90/kernel.cuh"
+#include "cuda/05_tf32x3/kernel.cuh"
+#include "cuda/common.cuh"
+#include "cuda/mma_fragment.cuh"
+#include "cuda/ptx/tf32.cuh"
+#include "cuda/ptx/wgmma.cuh"
+
+namespace flashtile::detail::tf32x3 {
+
+// One configuration of the wgmma path (Tf32Sm90Traits picks one per head dim).
+//   kHeadDim head dim (exact), kBlockN keys per tile, kWarpgroups consumer warpgroups
+//   (64 query rows each), kOverlapSplit: two sets of K/Vᵀ planes, the next tile split under
+//   this tile's S (tf32x3_sm90_overlap_kernel), else one set split between barriers.
+template <int kHeadDim_, int kBlockN_, int kWarpgroups_, bool kOverlapSplit_>
+struct Tf32Sm90Config {
+  static constexpr int kHeadDim = kHeadDim_, kBlockN = kBlockN_, kWarpgroups = kWarpgroups_;
+  static constexpr bool kOverlapSplit = kOverlapSplit_;
+  static constexpr int kPlaneSets = kOverlapSplit ? 2 : 1;
+  static constexpr int kBlockM = sm90::kWarpgroupRows * kWarpgroups;
+  static constexpr int kThreads = sm90::kWarpgroupThreads * kWarpgroups;
+  static constexpr int kChunks = kHeadDim / 4;    // 16-byte chunks per fp32 row
+  static constexpr int kQKSteps = kHeadDim / 8;   // k-steps of Q·Kᵀ (8 dims each)
+  static constexpr int kPVSteps = kBlockN / 8;    // k-steps of P·V (8 keys each)
+  static constexpr int kNTiles = kBlockN / 8;     // 8-key column tiles of S per warp
+  static constexpr int kDTiles = kHeadDim / 8;    // 8-column tiles of O per warp
+  static constexpr int kQPlaneBytes = kBlockM * kHeadDim * 4;  // one swizzled Q plane
+  static constexpr int kKPlaneBytes = kBlockN * kHeadDim * 4;  // one K plane (or Vᵀ plane)
+  static constexpr int kStagingBytes = kBlockN * kHeadDim * 4;  // raw K (or V) rows, pitch d
+  // [ Q big | Q small | set 0: K big | K small | Vᵀ big | Vᵀ small | set 1 ... | raw K |
+  // raw V ], from a 1024-byte boundary (kSmemBytes holds the slack to reach it).
+  static constexpr int kSmemBytes = 2 * kQPlaneBytes + kPlaneSets * 4 * kKPlaneBytes +
+                                    2 * kStagingBytes + sm90::kAtomBytes;
+  // The staging load is step 2b's load_tile (kernel.cuh), which asks for these.
+  static constexpr int kMinBlocks = 1;
+
+  static_assert(kHeadDim % 32 == 0, "head dim: whole 32-float swizzle blocks");
+  static_assert(kBlockN % 32 == 0, "Vᵀ rows: whole 32-key swizzle blocks");
+  static_assert(kBlockN % 8 == 0 && kBlockM % 8 == 0, "tiles hold whole 8-row swizzle atoms");
+  static_assert(kQPlaneBytes % sm90::kAtomBytes == 0 && kKPlaneBytes % sm90::kAtomBytes == 0 &&
+                    kStagingBytes % 16 == 0,
+                "every plane starts on a 1024-byte swizzle atom, the staging on 16 bytes");
+  static_assert(kThreads % kChunks == 0, "a pass of the CTA covers whole rows (load_tile)");
+  static_assert((kBlockM * kChunks) % kThreads == 0 && (kBlockN * kChunks) % kThreads == 0,
+                "Q and K/V tiles are whole passes of the CTA's threads");
+  static_assert(kSmemBytes <= sm90::kSmemLimit, "the CTA's shared memory fits 227 KB");
+};
+
+// Head dims served and their tiles, chosen by what fits (not yet swept):
+//  d=64 : 128 query rows, 64-key tiles, two plane sets (the overlapped pipeline): 64 KB of
+//         Q planes + 2 x 64 KB of K/Vᵀ planes + 32 KB of staging = 225 KB.
+//  d=128: 128 query rows, 32-key tiles, one set: 128 + 64 + 32 = 225 KB (a second set
+//         does not fit). One CTA (8 warps) per SM either way.
+template <int kHeadDim>
+struct Tf32Sm90Traits;
+template <>
+struct Tf32Sm90Traits<64> : Tf32Sm90Config<64, 64, 2, true> {};
+template <>
+struct Tf32Sm90Traits<128> : Tf32Sm90Config<128, 32, 2, false> {};
+
+// Shared-memory addresses of one CTA's planes (the map in Tf32Sm90Config).
+template <class Cfg>
+struct Tf32Sm90Smem {
+  uint32_t q_big, q_small, planes, k_raw, v_raw;
+  float* q_big_ptr;  // generic pointers of what threads read and write as floats
+  float* k_raw_ptr;
+  float* v_raw_ptr;
+  unsigned char* base;
+  __device__ __forceinline__ explicit Tf32Sm90Smem(unsigned char* raw_ptr) {
+    const uint32_t raw = ptx::smem_addr(raw_ptr);
+    q_big = sm90::atom_aligned(raw);
+    base = raw_ptr + (q_big - raw);
+    q_small = q_big + Cfg::kQPlaneBytes;
+    planes = q_small + Cfg::kQPlaneBytes;
+    k_raw = planes + Cfg::kPlaneSets * 4 * Cfg::kKPlaneBytes;
+    v_raw = k_raw + Cfg::kStagingBytes;
+    q_big_ptr = reinterpret_cast<float*>(base);
+    k_raw_ptr = reinterpret_cast<float*>(base + (k_raw - q_big));
+    v_raw_ptr = reinterpret_cast<float*>(base + (v_raw - q_big));
+  }
+  __device__ __forceinline__ unsigned char* at(uint32_t address) const {
+    return base + (address - q_big);
+  }
+  // The K and Vᵀ planes of set `set` (0 or 1).
+  __device__ __forceinline__ uint32_t k_big(int set) const { return plane(set, 0); }
+  __device__ __forceinline__ uint32_t k_small(int set) const { return plane(set, 1); }
+  __device__ __forceinline__ uint32_t vt_big(int set) const { return plane(set, 2); }
+  __device__ __forceinline__ uint32_t vt_small(int set) const { return plane(set, 3); }
+
+ private:
+  __device__ __forceinline__ uint32_t plane(int set, int which) const {
+    return planes + (set * 4 + which) * Cfg::kKPlaneBytes;
+  }
+};
+
+// The 3xTF32 split of one 16-byte chunk, written to the same offset of two planes.
+__device__ __forceinline__ void split_chunk_to(unsigned char* big, unsigned char* small,
+                                               const float (&x)[4]) {
+  uint32_t b[4], s[4];
+  split4(x, b, s);
+  *reinterpret_cast<uint4*>(big) = make_uint4(b[0], b[1], b[2], b[3]);
+  *reinterpret_cast<uint4*>(small) = make_uint4(s[0], s[1], s[2], s[3]);
+}
+
+// Q rows [0, kBlockM) (row 0 at src) straight into the swizzled big plane by cp.async,
+// rows >= valid_rows zero-filled; split in place afterwards (split_q).
+template <class Cfg>
+__device__ __forceinline__ void load_q_swizzled(uint32_t q_big, const float* src,
+                                                int64_t row_stride, int valid_rows) {
+  constexpr int kPasses = Cfg::kBlockM * Cfg::kChunks / Cfg::kThreads;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int id = static_cast<int>(threadIdx.x) + pass * Cfg::kThreads;
+    const int row = id / Cfg::kChunks, chunk = id % Cfg::kChunks;
+    const bool ok = row < valid_rows;
+    ptx::cp_async_16(q_big + sm90::swizzled_offset<Cfg::kBlockM>(row, chunk),
+                     ok ? src + row * row_stride + chunk * 4 : src, ok);
+  }
+}
+
+// Q's big plane holds raw fp32 values: each thread splits the chunks it loaded itself (the
+// same ids as load_q_swizzled), big back in place, small into the small plane.
+template <class Cfg>
+__device__ __forceinline__ void split_q(const Tf32Sm90Smem<Cfg>& sm) {
+  constexpr int kPasses = Cfg::kBlockM * Cfg::kChunks / Cfg::kThreads;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int id = static_cast<int>(threadIdx.x) + pass * Cfg::kThreads;
+    const uint32_t offset = sm90::swizzled_offset<Cfg::kBlockM>(id / Cfg::kChunks, id % Cfg::kChunks);
+    unsigned char* big = sm.at(sm.q_big + offset);
+    const float4 x4 = *reinterpret_cast<const float4*>(big);
+    split_chunk_to(big, sm.at(sm.q_small + offset), {x4.x, x4.y, x4.z, x4.w});
+  }
+}
+
+// The first pipeline's split: the staged raw K and V rows (row-major, pitch d) into the
+// four planes of set 0:
+//  K: chunk c of key row r to swizzled_offset<kBlockN>(r, c) of K big / K small;
+//  V: Vᵀ row n (head-dim column n), chunk c = keys 8·(c / 2) + (c % 2) + {0, 2, 4, 6}
+//     (the 0, 2, 4, 6, 1, 3, 5, 7 order of every 8 keys), to swizzled_offset<d>(n, c).
+// Threads take consecutive n for V, so a warp's four column reads hit 32 banks each and a
+// quarter-warp's 16-byte stores 8 distinct swizzle positions.
+template <class Cfg>
+__device__ __forceinline__ void split_kv(const Tf32Sm90Smem<Cfg>& sm) {
+  constexpr int kD = Cfg::kHeadDim;
+  constexpr int kPasses = Cfg::kBlockN * Cfg::kChunks / Cfg::kThreads;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int id = static_cast<int>(threadIdx.x) + pass * Cfg::kThreads;
+    const int row = id / Cfg::kChunks, chunk = id % Cfg::kChunks;
+    const float4 x4 = *reinterpret_cast<const float4*>(sm.k_raw_ptr + row * kD + chunk * 4);
+    const uint32_t offset = sm90::swizzled_offset<Cfg::kBlockN>(row, chunk);
+    split_chunk_to(sm.at(sm.k_big(0) + offset), sm.at(sm.k_small(0) + offset),
+                   {x4.x, x4.y, x4.z, x4.w});
+  }
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int id = static_cast<int>(threadIdx.x) + pass * Cfg::kThreads;
+    const int n = id % kD, chunk = id / kD;  // chunk: 4 key positions of Vᵀ row n
+    const int key0 = 8 * (chunk / 2) + chunk % 2;
+    const float* column = sm.v_raw_ptr + n;
+    const float x[4] = {column[(key0 + 0) * kD], column[(key0 + 2) * kD],
+                        column[(key0 + 4) * kD], column[(key0 + 6) * kD]};
+    const uint32_t offset = sm90::swizzled_offset<kD>(n, chunk);
+    split_chunk_to(sm.at(sm.vt_big(0) + offset), sm.at(sm.vt_small(0) + offset), x);
+  }
+}
+
+template <int kRegs>
+__device__ __forceinline__ void fence_accumulator(float (&r)[kRegs]) {
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) ptx::fence_register(r[i]);
+}
+
+// An accumulator of m64nNk8 (N/2 registers) seen as this warp's mma.sync-shaped tiles
+// [1][N/8][4] (the same registers: ptx/wgmma.cuh's layout), for mma_fragment.cuh.
+template <int kTiles>
+__device__ __forceinline__ float (&as_mma_tiles(float (&acc)[kTiles * 4]))[1][kTiles][4] {
+  return *reinterpret_cast<float(*)[1][kTiles][4]>(&acc);
+}
+
+// One consumer warpgroup's per-tile math (both pipelines): S = Q·Kᵀ (3 products), the
+// transform, mask and online softmax, O += P·V (3 products), the epilogue. The thread's
+// 16 rows (warp_row0 + g, + 8) and their state live here.
+template <class Cfg, class Logits>
+struct Tf32Sm90Consumer {
+  static constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
+  static constexpr int kNTiles = Cfg::kNTiles, kDTiles = Cfg::kDTiles;
+  static constexpr int kSRegs = kBlockN / 2, kORegs = kD / 2;
+  static constexpr float kLog2e = 1.4426950408889634f;
+  using MmaQK = ptx::WgmmaTf32<kBlockN>;  // S (64, kBlockN) = Q (64, d) · Kᵀ
+  using MmaPV = ptx::WgmmaTf32<kD>;       // pv (64, d) = P (64, kBlockN) · V
+
+  int lane, warp_row0, group_row0;  // this warp's first row, this warpgroup's, in the block
+  float o[kORegs];                  // (16 rows of this warp, d) fp32, as [1][kDTiles][4]
+  float s[kSRegs], s_corr[kSRegs];  // (16 rows, kBlockN): big·big, corrections; then P
+  SoftmaxState<float> state[2];     // rows g and g + 8
+
+  __device__ __forceinline__ Tf32Sm90Consumer() {
+    lane = static_cast<int>(threadIdx.x % 32);
+    const int warp = static_cast<int>(threadIdx.x / 32);
+    group_row0 = (warp / 4) * sm90::kWarpgroupRows;
+    warp_row0 = group_row0 + (warp % 4) * 16;
+#pragma unroll
+    for (int r = 0; r < kORegs; ++r) o[r] = 0.0f;
+    state[0] = state[1] = {-std::numeric_limits<float>::infinity(), 0.0f};
+  }
+
+  // Issues S's wgmma (big·big into s, the corrections into s_corr) and commits them.
+  __device__ __forceinline__ void issue_scores(uint32_t q_big, uint32_t q_small, uint32_t k_big,
+                                               uint32_t k_small) {
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Cfg::kQKSteps; ++ks)
+      MmaQK::ss(s, sm90::k_major_descriptor<kBlockM>(q_big, group_row0, ks),
+                sm90::k_major_descriptor<kBlockN>(k_big, 0, ks), ks > 0);
+#pragma unroll
+    for (int ks = 0; ks < Cfg::kQKSteps; ++ks) {
+      MmaQK::ss(s_corr, sm90::k_major_descriptor<kBlockM>(q_small, group_row0, ks),
+                sm90::k_major_descriptor<kBlockN>(k_big, 0, ks), ks > 0);
+      MmaQK::ss(s_corr, sm90::k_major_descriptor<kBlockM>(q_big, group_row0, ks),
+                sm90::k_major_descriptor<kBlockN>(k_small, 0, ks), true);
+    }
+    ptx::wgmma_commit();
+  }
+
+  // Waits for S, adds the corrections (fp32), applies softcap / ALiBi and the mask, and runs
+  // the online softmax (as step 2b): P overwrites s, O is rescaled.
+  __device__ __forceinline__ void softmax(const Mask<int>& mask, const KeyBlocks<int>& blocks,
+                                          const LogitsTransform<float>& logits, int row_start,
+                                          int last_row, int n_block) {
+    ptx::wgmma_wait<0>();
+    fence_accumulator(s);
+    fence_accumulator(s_corr);
+#pragma unroll
+    for (int r = 0; r < kSRegs; ++r) s[r] += s_corr[r];
+    float(&st)[1][kNTiles][4] = as_mma_tiles<kNTiles>(s);
+    const int n0 = n_block * kBlockN;
+    transform_scores<Logits>(st, lane, row_start, warp_row0, n0, logits, mask, PreciseTanh{});
+    if (blocks.needs_mask(n_block))
+      mask_scores(st, lane, row_start, warp_row0, n0, mask, n0 >= mask.first_key(last_row));
+    float(&ot)[1][kDTiles][4] = as_mma_tiles<kDTiles>(o);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float row_max = quad_row_max(st[0], half);
+      SoftmaxState<float>& sst = state[half];
+      const float alpha = online_softmax_rescale(sst, row_max);
+      if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          ot[0][dt][2 * half] *= alpha;
+          ot[0][dt][2 * half + 1] *= alpha;
+        }
+      }
+      // exp(x - m) as 2^((x - m)·log2e): the difference first (no precision lost to a large m).
+      const float shift = safe_shift(sst.m);
+      float row_sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = st[0][nt][2 * half + e];
+          x = ptx::exp2_approx((x - shift) * kLog2e);
+          row_sum += x;
+        }
+      sst.l += row_sum;
+    }
+  }
+
+  // O += P·V. k-step kk takes keys 8kk .. 8kk+7, key 2t as k-index t and 2t + 1 as t + 4
+  // (Vᵀ's column order): A = (P[g][2t], P[g+8][2t], P[g][2t+1], P[g+8][2t+1]) = S tile kk's
+  // registers 0, 2, 1, 3. The tile's three products are summed on the tensor cores in pv
+  // (corrections first) and added to O in fp32 round-to-nearest.
+  __device__ __forceinline__ void accumulate_pv(uint32_t vt_big, uint32_t vt_small) {
+    float(&st)[1][kNTiles][4] = as_mma_tiles<kNTiles>(s);
+    uint32_t pa_big[Cfg::kPVSteps][4], pa_small[Cfg::kPVSteps][4];
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kPVSteps; ++kk) {
+      const float pv4[4] = {st[0][kk][0], st[0][kk][2], st[0][kk][1], st[0][kk][3]};
+      split4(pv4, pa_big[kk], pa_small[kk]);
+    }
+    float pv[kORegs];
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kPVSteps; ++kk) {
+      MmaPV::rs(pv, pa_small[kk], sm90::k_major_descriptor<kD>(vt_big, 0, kk), kk > 0);
+      MmaPV::rs(pv, pa_big[kk], sm90::k_major_descriptor<kD>(vt_small, 0, kk), true);
+    }
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kPVSteps; ++kk)
+      MmaPV::rs(pv, pa_big[kk], sm90::k_major_descriptor<kD>(vt_big, 0, kk), true);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    fence_accumulator(pv);
+#pragma unroll
+    for (int r = 0; r < kORegs; ++r) o[r] += pv[r];
+  }
+
+  // Step 2b's unsplit epilogue: NaN rule, sink, 1/l, the LSE; rows on 16 bytes.
+  __device__ __forceinline__ void store(const AttentionParams& p, const SeqlenInfo<int>& seq,
+                                        const Mask<int>& mask, int64_t b, int64_t h,
+                                        int row_start) {
+    const float sink = sink_logit<float>(p, h);
+    float* o_tile = static_cast<float*>(p.o) + seq.o_offset(p, b, row_start, h);
+    const int g = lane / 4, t = lane % 4;
+    float(&ot)[1][kDTiles][4] = as_mma_tiles<kDTiles>(o);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      SoftmaxState<float> sst = state[half];
+      sst.l += __shfl_xor_sync(0xffffffffu, sst.l, 1);
+      sst.l += __shfl_xor_sync(0xffffffffu, sst.l, 2);
+      const int local_row = warp_row0 + g + 8 * half;
+      const int row = row_start + local_row;
+      if (row >= seq.seqlen_q) continue;
+      nan_if_no_finite_score(sst, mask.visible_keys(row) > 0);
+      const float sink_factor = p.sinks != nullptr ? add_sink(sst, sink) : 1.0f;
+      const float out_scale = sink_factor * output_scale(sst);  // 0 for a fully masked row
+      float* to = o_tile + local_row * p.o_row_stride;
+      if (p.lse != nullptr && t == 0) p.lse[seq.lse_index(p, b, h, row)] = log_sum_exp(sst);
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const int col = dt * 8 + 2 * t;  // this lane's column pair
+        *reinterpret_cast<float2*>(to + col) =
+            make_float2(ot[0][dt][2 * half] * out_scale, ot[0][dt][2 * half + 1] * out_scale);
+      }
+    }
+  }
+};
+
+// What a CTA computes: its query block of one (batch, head), heaviest blocks first in x, and
+// the key tiles that block visits, last-first (tile i is key block blocks.end - 1 - i).
+struct Tf32Sm90Work {
+  int64_t b, h, hk;
+  SeqlenInfo<int> seq;
+  Mask<int> mask;
+  int row_start, last_row;
+  KeyBlocks<int> blocks;
+  __device__ __forceinline__ Tf32Sm90Work(const AttentionParams& p, int block_m, int block_n)
+      : b(blockIdx.z), h(blockIdx.y), hk(int64_t(blockIdx.y) / p.heads_per_kv()), seq(p, b),
+        mask(seq.mask(p)),
+        row_start(heaviest_first_block(p.window_left, p.window_right, static_cast<int>(blockIdx.x),
+                                       static_cast<int>(gridDim.x)) *
+                  block_m) {
+    last_row = min(row_start + block_m, seq.seqlen_q) - 1;
+    if (row_start < seq.seqlen_q) blocks = key_blocks(mask, row_start, last_row + 1, block_n);
+  }
+  __device__ __forceinline__ bool idle() const { return row_start >= seq.seqlen_q; }
+  __device__ __forceinline__ int key_block(int tile) const { return blocks.end - 1 - tile; }
+};
+
+// The first pipeline (d=128): one set of planes; per tile every thread splits K and
+// (transposing) V between two __syncthreads, with the tensor cores idle, and the next
+// tile's raw rows load while this one computes.
+template <class Cfg, class Logits>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    tf32x3_sm90_forward_kernel(const AttentionParams p) {
+  static_assert(!Cfg::kOverlapSplit, "the overlapped pipeline is tf32x3_sm90_overlap_kernel");
+  constexpr int kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const Tf32Sm90Smem<Cfg> sm(smem_raw);
+  const Tf32Sm90Work work(p, Cfg::kBlockM, kBlockN);
+  if (work.idle()) return;
+  const int n_tiles = work.blocks.count();
+  const SeqlenInfo<int>& seq = work.seq;
+  const float* k_head = static_cast<const float*>(p.k) + seq.k_offset(p, work.b, 0, work.hk);
+  const float* v_head = static_cast<const float*>(p.v) + seq.v_offset(p, work.b, 0, work.hk);
+  const int head_dim = static_cast<int>(p.head_dim);
+
+  load_q_swizzled<Cfg>(sm.q_big,
+                       static_cast<const float*>(p.q) + seq.q_offset(p, work.b, work.row_start, work.h),
+                       p.q_row_stride, seq.seqlen_q - work.row_start);
+  ptx::cp_async_commit();
+  // Raw rows of tile `tile` into the staging area (step 2b's load_tile, zero past the end).
+  auto issue_tile = [&](int tile) {
+    if (tile < n_tiles) {
+      const int n0 = work.key_block(tile) * kBlockN;
+      load_tile<Cfg, kBlockN, kD, true>(sm.k_raw_ptr, k_head + n0 * p.k_row_stride,
+                                        p.k_row_stride, seq.seqlen_k - n0, head_dim);
+      load_tile<Cfg, kBlockN, kD, true>(sm.v_raw_ptr, v_head + n0 * p.v_row_stride,
+                                        p.v_row_stride, seq.seqlen_k - n0, head_dim);
+    }
+    ptx::cp_async_commit();
+  };
+  issue_tile(0);
+  ptx::cp_async_wait<1>();  // Q (the older group) has landed for this thread
+  split_q<Cfg>(sm);         // this thread's own chunks; the loop's barriers publish them
+
+  const LogitsTransform<float> logits = logits_transform<float>(p, work.b, work.h);
+  Tf32Sm90Consumer<Cfg, Logits> consumer;
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    ptx::cp_async_wait<0>();  // this tile's raw rows have landed (for this thread)
+    __syncthreads();          // ... for every thread; every wgmma of the last tile is done
+    split_kv<Cfg>(sm);
+    ptx::fence_proxy_async_shared();  // the planes (and Q's, once) are read by wgmma next
+    __syncthreads();                  // planes written; the staging area is free
+    issue_tile(tile + 1);
+    consumer.issue_scores(sm.q_big, sm.q_small, sm.k_big(0), sm.k_small(0));
+    consumer.softmax(work.mask, work.blocks, logits, work.row_start, work.last_row,
+                     work.key_block(tile));
+    consumer.accumulate_pv(sm.vt_big(0), sm.vt_small(0));
+  }
+  ptx::cp_async_wait<0>();  // only empty groups remain (or Q's, when no tile ran)
+  consumer.store(p, seq, work.mask, work.b, work.h, work.row_start);
+}
+
+// V rows of a tile into the staging area as 4x4 blocks, for the overlapped pipeline: thread
+// i takes Vᵀ chunk cc = i % (kBlockN / 4) (keys 8·(cc / 2) + cc % 2 + {0, 2, 4, 6}, the
+// column order of Vᵀ) of dims 4c .. 4c + 3, c = i / (kBlockN / 4); key j of its block is
+// float4 j·kThreads + i of the staging area, so that a warp's loads and stores of it are
+// conflict-free and the thread transposes its own block (no barrier before the split).
+template <class Cfg>
+__device__ __forceinline__ void load_v_blocks(float* v_raw, const float* src, int64_t row_stride,
+                                              int valid_rows) {
+  static_assert(Cfg::kBlockN * Cfg::kHeadDim == 16 * Cfg::kThreads, "one 4x4 block of V per thread");
+  constexpr int kVtChunks = Cfg::kBlockN / 4;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int cc = tid % kVtChunks, c = tid / kVtChunks;
+  const int key0 = 8 * (cc / 2) + cc % 2;
+  const uint32_t to = ptx::smem_addr(v_raw) + tid * 16;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int key = key0 + 2 * j;
+    const bool ok = key < valid_rows;
+    ptx::cp_async_16(to + j * Cfg::kThreads * 16, ok ? src + key * row_stride + 4 * c : src, ok);
+  }
+}
+
+// The overlapped pipeline's split of the next tile, each thread its own staged chunks: K's
+// as load_tile gave them (split_kv's K loop), V's 4x4 block transposed into four Vᵀ chunks
+// (rows 4c .. 4c + 3, chunk cc; a quarter-warp's stores fill one 128-byte row).
+template <class Cfg>
+__device__ __forceinline__ void split_own_kv(const Tf32Sm90Smem<Cfg>& sm, int set) {
+  constexpr int kD = Cfg::kHeadDim;
+  constexpr int kPasses = Cfg::kBlockN * Cfg::kChunks / Cfg::kThreads;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int id = static_cast<int>(threadIdx.x) + pass * Cfg::kThreads;
+    const int row = id / Cfg::kChunks, chunk = id % Cfg::kChunks;
+    const float4 x4 = *reinterpret_cast<const float4*>(sm.k_raw_ptr + row * kD + chunk * 4);
+    const uint32_t offset = sm90::swizzled_offset<Cfg::kBlockN>(row, chunk);
+    split_chunk_to(sm.at(sm.k_big(set) + offset), sm.at(sm.k_small(set) + offset),
+                   {x4.x, x4.y, x4.z, x4.w});
+  }
+  constexpr int kVtChunks = Cfg::kBlockN / 4;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int cc = tid % kVtChunks, c = tid / kVtChunks;
+  const float4* block = reinterpret_cast<const float4*>(sm.v_raw_ptr) + tid;
+  const float4 k0 = block[0], k1 = block[Cfg::kThreads], k2 = block[2 * Cfg::kThreads],
+               k3 = block[3 * Cfg::kThreads];  // keys key0 + 0, 2, 4, 6; dims 4c .. 4c + 3
+  const float dims[4][4] = {{k0.x, k1.x, k2.x, k3.x},
+                            {k0.y, k1.y, k2.y, k3.y},
+                            {k0.z, k1.z, k2.z, k3.z},
+                            {k0.w, k1.w, k2.w, k3.w}};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const uint32_t offset = sm90::swizzled_offset<kD>(4 * c + e, cc);
+    split_chunk_to(sm.at(sm.vt_big(set) + offset), sm.at(sm.vt_small(set) + offset), dims[e]);
+  }
+}
+
+// The overlapped pipeline (d=64): two sets of planes. While S(j) runs on the tensor cores,
+// each thread splits its own staged chunks of tile j + 1 into the other set and reloads its
+// staging chunks with tile j + 2; one __syncthreads per tile then publishes the new set and
+// frees the old one (every S(j) and P·V(j) has been waited for).
+template <class Cfg, class Logits>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    tf32x3_sm90_overlap_kernel(const AttentionParams p) {
+  static_assert(Cfg::kOverlapSplit, "the overlapped pipeline needs two sets of planes");
+  constexpr int kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const Tf32Sm90Smem<Cfg> sm(smem_raw);
+  const Tf32Sm90Work work(p, Cfg::kBlockM, kBlockN);
+  if (work.idle()) return;
+  const int n_tiles = work.blocks.count();
+  const SeqlenInfo<int>& seq = work.seq;
+  const float* k_head = static_cast<const float*>(p.k) + seq.k_offset(p, work.b, 0, work.hk);
+  const float* v_head = static_cast<const float*>(p.v) + seq.v_offset(p, work.b, 0, work.hk);
+  const int head_dim = static_cast<int>(p.head_dim);
+
+  load_q_swizzled<Cfg>(sm.q_big,
+                       static_cast<const float*>(p.q) + seq.q_offset(p, work.b, work.row_start, work.h),
+                       p.q_row_stride, seq.seqlen_q - work.row_start);
+  // Raw rows of tile `tile` into this thread's staging chunks (zero past the end).
+  auto issue_tile = [&](int tile) {
+    if (tile < n_tiles) {
+      const int n0 = work.key_block(tile) * kBlockN;
+      load_tile<Cfg, kBlockN, kD, true>(sm.k_raw_ptr, k_head + n0 * p.k_row_stride,
+                                        p.k_row_stride, seq.seqlen_k - n0, head_dim);
+      load_v_blocks<Cfg>(sm.v_raw_ptr, v_head + n0 * p.v_row_stride, p.v_row_stride,
+                         seq.seqlen_k - n0);
+    }
+    ptx::cp_async_commit();
+  };
+  issue_tile(0);            // (one group with Q)
+  ptx::cp_async_wait<0>();  // Q and tile 0, this thread's chunks
+  split_q<Cfg>(sm);
+  if (n_tiles > 0) split_own_kv<Cfg>(sm, 0);
+  issue_tile(1);  // into the chunks this thread has just split
+  ptx::fence_proxy_async_shared();
+  __syncthreads();
+
+  const LogitsTransform<float> logits = logits_transform<float>(p, work.b, work.h);
+  Tf32Sm90Consumer<Cfg, Logits> consumer;
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int set = tile % 2;
+    consumer.issue_scores(sm.q_big, sm.q_small, sm.k_big(set), sm.k_small(set));
+    if (tile + 1 < n_tiles) {  // under S(tile): tile + 1 into the other set
+      ptx::cp_async_wait<0>();
+      split_own_kv<Cfg>(sm, set ^ 1);
+      issue_tile(tile + 2);
+      ptx::fence_proxy_async_shared();
+    }
+    consumer.softmax(work.mask, work.blocks, logits, work.row_start, work.last_row,
+                     work.key_block(tile));
+    consumer.accumulate_pv(sm.vt_big(set), sm.vt_small(set));
+    __syncthreads();  // set ^ 1 complete for S(tile + 1); every read of `set` is done
+  }
+  ptx::cp_async_wait<0>();  // only empty groups remain
+  consumer.store(p, seq, work.mask, work.b, work.h, work.row_start);
+}
+
+template <class Cfg, class Logits>
+void launch_tf32x3_sm90_forward(const AttentionParams& p, cudaStream_t stream) {
+  auto* kernel = [] {
+    if constexpr (Cfg::kOverlapSplit)
+      return &tf32x3_sm90_overlap_kernel<Cfg, Logits>;
+    else
+      return &tf32x3_sm90_forward_kernel<Cfg, Logits>;
+  }();
+  static std::atomic<uint64_t> smem_raised{0};  // one per kernel
+  raise_smem_limit_once(kernel, Cfg::kSmemBytes, p.device_index, smem_raised);
+  const int query_blocks = static_cast<int>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
+  const dim3 grid(static_cast<unsigned>(query_blocks), static_cast<unsigned>(p.heads_q),
+                  static_cast<unsigned>(p.batch));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  check_launch("tf32x3_sm90_forward_kernel");
+}
+
+// One head dim's kernels (instantiated in sm90_hdim<D>.cu): one per LogitsFlags.
+template <int kHeadDim>
+void run_tf32x3_sm90_forward(const AttentionParams& p, cudaStream_t stream) {
+  with_logits_flags(p, [&](auto flags) {
+    launch_tf32x3_sm90_forward<Tf32Sm90Traits<kHeadDim>, decltype(flags)>(p, stream);
+  });
+}
+
+}  // namespace flashtile::detail::tf32x3

@@ -1,0 +1,268 @@
+// cuda_tf32x3's wgmma path (step 2c, sm_90a) against the double-precision oracle with the
+// fp32 rule (normwise relative error <= 1e-5), beside the mma.sync kernel on the same inputs
+// (FLASHTILE_TF32X3_PATH=mma): the field's shapes at d 64 and 128 (odd lengths, sq != sk,
+// causal, GQA/MQA, strides), every variant, varlen, N = 131072 on one head, bitwise
+// repeatability, and the selector's choice. The suite in test_cuda_tf32x3.cpp runs the same
+// backend (and so this path wherever it is chosen). Every test skips without a capable
+// device; the wgmma assertions skip on devices other than compute capability 9.0.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api/params.hpp"
+#include "cuda/05_tf32x3/selection.hpp"
+#include "support/backend_grid.hpp"
+#include "support/device_case.hpp"
+#include "support/oracle_check.hpp"
+#include "support/variants.hpp"
+
+namespace flashtile {
+namespace {
+
+using detail::Tf32x3Kernel;
+using testing::AttentionCase;
+using testing::DeviceCase;
+using testing::Shape;
+using testing::small_grid;
+
+constexpr Backend kTf32x3 = Backend::cuda_tf32x3;
+
+#define SKIP_WITHOUT_TF32X3() FLASHTILE_SKIP_WITHOUT_BACKEND(kTf32x3)
+
+// Sets an environment variable for one scope (the backend's knobs are read per call).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// Whether the wgmma kernels can run here: built for sm_90a and device 0 is 9.0.
+bool wgmma_device() {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess)
+    return false;
+  return FLASHTILE_WITH_SM90 && major == 9 && minor == 0;
+}
+
+#define SKIP_WITHOUT_WGMMA()                                                         \
+  do {                                                                               \
+    SKIP_WITHOUT_TF32X3();                                                           \
+    if (!wgmma_device()) GTEST_SKIP() << "no sm_90a code or device 0 is not 9.0";    \
+  } while (0)
+
+Shape shape_of(int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d) {
+  return testing::shape_of(DType::f32, batch, sq, sk, hq, hkv, d);
+}
+
+// The kernel the backend picks for c's call on d (the dense call's validated params).
+Tf32x3Kernel kernel_for(const AttentionCase& c, const DeviceCase& d) {
+  const Options o = d.options(c, kTf32x3);
+  const detail::AttentionParams p =
+      detail::validate({d.q.view, d.k.view, d.v.view, &d.out.view, nullptr, o});
+  return detail::tf32x3_kernel_for(p);
+}
+
+// Runs c on both kernels (the backend's choice, then the mma.sync kernel pinned), checks
+// each against the oracle, and returns the two normwise errors (choice first).
+struct PathErrors {
+  double chosen = 0, mma = 0;
+};
+PathErrors run_both_paths(const Shape& s) {
+  AttentionCase c(s);
+  DeviceCase d(c);
+  PathErrors errors;
+  d.run(c, kTf32x3);
+  const Verification chosen = testing::verify_case(c);
+  EXPECT_TRUE(testing::matches_oracle(c, chosen)) << "the backend's choice";
+  errors.chosen = chosen.out_error;
+  {
+    const ScopedEnv mma("FLASHTILE_TF32X3_PATH", "mma");
+    d.poison();
+    d.run(c, kTf32x3);
+    const Verification pinned = testing::verify_case(c);
+    EXPECT_TRUE(testing::matches_oracle(c, pinned)) << "mma.sync pinned";
+    errors.mma = pinned.out_error;
+  }
+  return errors;
+}
+
+// The field's shapes (fp32, d 64 and 128), unsplit so that the wgmma path serves them:
+// lengths inside and across tiles, sq != sk both ways, causal and not, MHA/GQA/MQA, strides.
+TEST(CudaTf32x3Sm90, FieldShapesMatchOracleOnBothKernels) {
+  SKIP_WITHOUT_WGMMA();
+  const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
+  struct Lengths {
+    int64_t q, k;
+  };
+  const std::vector<Lengths> lengths = {{1, 1},     {63, 200},  {129, 129}, {300, 77},
+                                        {513, 700}, {700, 513}, {128, 64},  {2, 1500}};
+  int rotate = 0;
+  double worst = 0;
+  for (int64_t d : {64, 128})
+    for (const Lengths& len : lengths)
+      for (bool causal : {false, true}) {
+        Shape s = shape_of(rotate % 2 == 0 ? 1 : 2, len.q, len.k, 4, rotate % 3 == 2 ? 1 : 2, d);
+        s.causal = causal;
+        s.strided = rotate % 4 == 1;
+        ++rotate;
+        SCOPED_TRACE(s.describe());
+        {
+          AttentionCase c(s);
+          DeviceCase dc(c);
+          if (!s.strided) EXPECT_EQ(kernel_for(c, dc), Tf32x3Kernel::wgmma);
+        }
+        const PathErrors e = run_both_paths(s);
+        worst = std::max(worst, e.chosen);
+      }
+  std::printf("wgmma path, field shapes: worst normwise error %.3g\n", worst);
+}
+
+// Every variant feature and their combinations on the wgmma path (unsplit), d 64 and 128.
+TEST(CudaTf32x3Sm90, VariantsMatchOracle) {
+  SKIP_WITHOUT_WGMMA();
+  const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
+  const std::vector<testing::Lengths> lengths = testing::variant_lengths(/*large=*/false);  // the field test covers long tiles
+  int rotate = 0;
+  for (const testing::Variant& f : testing::forward_variants())
+    for (const testing::Lengths& len : lengths) {
+      Shape s = shape_of(2, len.q, len.k, 4, 2, rotate % 2 == 0 ? 64 : 128);
+      if (rotate % 5 == 2) s.heads_kv = 1;  // MQA
+      ++rotate;
+      s = testing::with_variant(s, f);
+      AttentionCase c(s);
+      DeviceCase d(c);
+      EXPECT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma) << s.describe();
+      d.run(c, kTf32x3);
+      EXPECT_TRUE(testing::matches_oracle(c));
+    }
+}
+
+// Packed varlen batches (empty and length-1 sequences, sq != sk, seqused_k) on the wgmma
+// path: the kernel reads every offset through SeqlenInfo, as the mma.sync one.
+TEST(CudaTf32x3Sm90, VarlenMatchesOracle) {
+  SKIP_WITHOUT_WGMMA();
+  const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
+  for (const testing::VarlenBatch& batch : testing::varlen_batches())
+    for (const testing::Variant& v : testing::varlen_variants())
+      for (int64_t d : {64, 128}) {
+        Shape s = testing::with_variant(shape_of(1, 0, 0, 4, 2, d), v);
+        s.varlen_q = batch.q, s.varlen_k = batch.k, s.seqused_k = batch.used;
+        AttentionCase c(s);
+        DeviceCase dc(c);
+        dc.run(c, kTf32x3);
+        EXPECT_TRUE(testing::matches_oracle(c)) << s.describe();
+      }
+}
+
+// Bitwise repeatable: the kernel has no atomics and a fixed order of every sum.
+TEST(CudaTf32x3Sm90, RunsRepeatBitwise) {
+  SKIP_WITHOUT_WGMMA();
+  const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
+  for (int64_t d : {64, 128}) {
+    Shape s = shape_of(2, 700, 900, 4, 2, d);
+    s.causal = d == 128;
+    s.softcap = d == 64 ? 20.0f : 0.0f, s.sinks = true;
+    AttentionCase c(s);
+    DeviceCase dc(c);
+    ASSERT_EQ(kernel_for(c, dc), Tf32x3Kernel::wgmma);
+    dc.run(c, kTf32x3);
+    EXPECT_TRUE(testing::matches_oracle(c));
+    ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, dc, kTf32x3, small_grid() ? 3 : 20));
+  }
+}
+
+// N = 131072 on one head, unsplit (1024 query blocks on the wgmma path): O's per-tile sums
+// keep the tensor cores' round-toward-zero from growing with the keys.
+TEST(CudaTf32x3Sm90, LongSequenceOnOneHead) {
+  SKIP_WITHOUT_WGMMA();
+  if (small_grid()) GTEST_SKIP() << "too long under compute-sanitizer";
+  const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
+  AttentionCase c(shape_of(1, 131072, 131072, 1, 1, 64));
+  DeviceCase d(c);
+  ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);
+  d.run(c, kTf32x3);
+  testing::expect_rows_match_oracle(c, {0, 77777, 131071});
+}
+
+// Which kernel a call gets: the wgmma one for what it covers, the mma.sync one otherwise.
+TEST(CudaTf32x3Sm90, SelectorChoosesByCoverage) {
+  SKIP_WITHOUT_WGMMA();
+  const ScopedEnv unpinned("FLASHTILE_TF32X3_SPLITS", nullptr);
+  auto choice = [](const Shape& s) {
+    AttentionCase c(s);
+    DeviceCase d(c);
+    return kernel_for(c, d);
+  };
+  // The field grid's calls fill the chip unsplit.
+  EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Tf32x3Kernel::wgmma);
+  EXPECT_EQ(choice(shape_of(1, 16384, 16384, 16, 16, 128)), Tf32x3Kernel::wgmma);
+  // Head dims without a wgmma kernel.
+  EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 96)), Tf32x3Kernel::mma_sync);
+  EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 32)), Tf32x3Kernel::mma_sync);
+  // The write-up's case splits its keys: the mma.sync kernel and its combine.
+  EXPECT_EQ(choice(shape_of(1, 1024, 1024, 1, 1, 64)), Tf32x3Kernel::mma_sync);
+  {
+    const ScopedEnv split("FLASHTILE_TF32X3_SPLITS", "3");
+    EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Tf32x3Kernel::mma_sync);
+  }
+  {
+    const ScopedEnv single("FLASHTILE_TF32X3_MODE", "single");
+    EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Tf32x3Kernel::mma_sync);
+  }
+  {
+    const ScopedEnv mma("FLASHTILE_TF32X3_PATH", "mma");
+    EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Tf32x3Kernel::mma_sync);
+  }
+  {
+    const ScopedEnv bad("FLASHTILE_TF32X3_PATH", "tensor");
+    EXPECT_THROW(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Error);
+  }
+}
+
+// The error distribution of the two kernels on the same inputs (for docs/JOURNEY.md).
+TEST(CudaTf32x3Sm90, ErrorDistributionBesideMmaSync) {
+  SKIP_WITHOUT_WGMMA();
+  const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
+  std::vector<double> wgmma, mma;
+  for (int64_t d : {64, 128})
+    for (int64_t n : {256, 1024})
+      for (bool causal : {false, true}) {
+        Shape s = shape_of(1, n, n, 4, 2, d);
+        s.causal = causal;
+        const PathErrors e = run_both_paths(s);
+        wgmma.push_back(e.chosen);
+        mma.push_back(e.mma);
+      }
+  auto summary = [](const char* name, std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    std::printf("%s: min %.3g median %.3g max %.3g (%zu shapes)\n", name, v.front(),
+                v[v.size() / 2], v.back(), v.size());
+  };
+  summary("wgmma path", wgmma);
+  summary("mma.sync path", mma);
+}
+
+}  // namespace
+}  // namespace flashtile
