@@ -3,6 +3,7 @@
 //   call         CUDA events around flashtile::forward() after an L2 flush: what `flashtile
 //                bench` reports (the host's validation, plan and launches are inside it,
 //                since the GPU is idle when the start event is recorded)
+//   call, two launches  the same with FLASHTILE_TF32X3_MERGE=combine (forward + combine)
 //   host         the host's time inside forward(), to the return of its last launch
 //   gpu          the same call with a 200 us hold kernel in front, so that the events see
 //                the GPU's work alone (launch gaps included, host submission hidden)
@@ -10,7 +11,8 @@
 //   forward s=N  the forward kernel alone, N key splits, writing the partials only (hold in
 //                front; N = 1 writes out)
 //   one launch   the backend's split path: the forward whose last CTA of each tile merges
-//                the tile (arrival counters), --splits splits; minus forward s=N: the merge
+//                the tile (arrival counters), at 8, 12 and --splits splits; minus forward
+//                s=N: the merge
 //   combine      the split-KV combine kernel alone, after a forward of --splits splits
 //   pair ...     forward + combine kernel (the path before the one launch), normal launch
 //                and programmatic dependent launch; then whether the one launch's out and
@@ -30,6 +32,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -157,6 +160,10 @@ int main(int argc, char** argv) {
   };
   auto call = [&] { forward(tq, tk, tv, tout, o); };
   time_us("call", false, call);
+  // The same call through the two-launch path (forward, then the combine kernel), same process.
+  setenv("FLASHTILE_TF32X3_MERGE", "combine", 1);
+  time_us("call, two launches", false, call);
+  unsetenv("FLASHTILE_TF32X3_MERGE");
   {  // host submission time
     for (int i = 0; i < 20; ++i) call();
     std::vector<double> us;
@@ -185,6 +192,17 @@ int main(int argc, char** argv) {
   args.partials = partials(splits);
   detail::tf32x3::SplitArgs merged = args;
   merged.partials.arrivals = static_cast<uint32_t*>(arrivals.data());
+  // The merge's cost against the split count (its reads grow with it, the forward's share
+  // falls): the one launch at 8 and 12 splits too.
+  for (int n : {8, 12}) {
+    if (n == splits) continue;
+    detail::tf32x3::SplitArgs fewer;
+    fewer.splits = n;
+    fewer.partials = partials(n);
+    fewer.partials.arrivals = static_cast<uint32_t*>(arrivals.data());
+    const std::string what = "one launch s=" + std::to_string(n);
+    time_us(what.c_str(), true, [&] { detail::tf32x3::run_tf32x3_forward<64>(p, fewer, precision, stream); });
+  }
   const std::string one_launch = "one launch s=" + std::to_string(splits);
   time_us(one_launch.c_str(), true, [&] { detail::tf32x3::run_tf32x3_forward<64>(p, merged, precision, stream); });
   // Its results, bitwise, before the pair overwrites them.
