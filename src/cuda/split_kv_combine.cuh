@@ -14,9 +14,11 @@
 //   tile (merge_tile_partials). One launch per call; the merge runs on one CTA per tile.
 // - a combine kernel after the forward (combine_split_kv_kernel), one warp per row, launched
 //   by launch_split_kv_combine; on sm_90+ as a programmatic dependent launch of the forward.
-//   No backend takes it now: bench/tf32x3_breakdown.cu keeps it as the two-launch baseline
-//   of the write-up's case (H200, third session: forward + combine 19.5 us, 18.2 us with the
-//   programmatic launch; the combine alone 6.5 us).
+//   cuda_tf32x3 takes it only under FLASHTILE_TF32X3_MERGE=combine, the two-launch baseline
+//   that bench/tf32x3_breakdown.cu times beside the one launch (H200, third session: forward
+//   + combine 19.5 us, 18.2 us with the programmatic launch; the combine alone 6.5 us). It
+//   spreads a tile's merge over block_m / 4 CTAs where the one launch gives it to one: the
+//   write-up's case (16 tiles, 16 splits) is where that may still pay (docs/JOURNEY.md 2b).
 #pragma once
 
 #include <cuda_bf16.h>
