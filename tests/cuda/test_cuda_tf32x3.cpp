@@ -3,7 +3,7 @@
 // their combinations, packed varlen batches, head dims 1 to 128, unaligned rows, the split-KV
 // path forced on and off (bitwise deterministic in both), the merge in the forward's launch
 // (every split count, 100 runs bitwise, its arrival counters back at zero for the next call
-// and kept apart per stream), N = 131072 on one head, the NaN/Inf rule, the selector's choice
+// and kept apart per stream, the two launches under graph capture), N = 131072 on one head, the NaN/Inf rule, the selector's choice
 // and the refusals. Every test skips without a capable device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -511,6 +511,54 @@ TEST(CudaTf32x3, TwoStreamsKeepTheirOwnCounters) {
     EXPECT_EQ(std::memcmp(c.lse.data(), reference_lse.data(), c.lse.size() * sizeof(float)), 0);
   }
   for (cudaStream_t stream : streams) EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+// A split call captured into a CUDA graph takes the two-launch path (no per-stream counters
+// in graph memory, none shared with a graph replayed elsewhere): two replays, poisoned before
+// each, give the eager call's bits, and an eager call on the stream afterwards, once the
+// graph is gone, does too.
+TEST(CudaTf32x3, CapturedSplitCallReplaysTheEagerBits) {
+  SKIP_WITHOUT_TF32X3();
+  const ScopedEnv pinned = pin_splits("16");
+  AttentionCase c(shape_of(1, 1024, 1024, 1, 1, 64));
+  DeviceCase d(c);
+  d.run(c, kTf32x3);
+  ASSERT_TRUE(testing::matches_oracle(c));
+  const testing::HostBytes eager_out = c.out.bytes;
+  const std::vector<float> eager_lse = c.lse;
+  auto expect_eager_bits = [&](const char* what) {
+    d.copy_back(c);
+    EXPECT_EQ(c.out.bytes, eager_out) << what;
+    EXPECT_EQ(std::memcmp(c.lse.data(), eager_lse.data(), c.lse.size() * sizeof(float)), 0)
+        << what;
+  };
+  auto poison_on = [&](cudaStream_t stream) {
+    ASSERT_EQ(cudaMemsetAsync(d.out.buffer.data(), 0xFF, d.out.buffer.bytes(), stream), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(d.lse.data(), 0xFF, d.lse.bytes(), stream), cudaSuccess);
+  };
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  Options o = d.options(c, kTf32x3);
+  o.stream = stream;
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  forward(d.q.view, d.k.view, d.v.view, d.out.view, o);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    poison_on(stream);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    expect_eager_bits(replay == 0 ? "first replay" : "second replay");
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  poison_on(stream);
+  forward(d.q.view, d.k.view, d.v.view, d.out.view, o);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  expect_eager_bits("eager call after the graph");
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 void expect_refused(const TensorView& q, const TensorView& k, const TensorView& v,

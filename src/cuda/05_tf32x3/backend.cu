@@ -231,12 +231,27 @@ void launch_forward(const AttentionParams& p, const tf32x3::SplitArgs& args,
   }
 }
 
+// Whether work queued on `stream` now goes into a CUDA graph (an error, such as the legacy
+// stream's during another stream's global capture, counts as capturing: the launch then
+// fails as it would have).
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    cudaGetLastError();
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
 // The split-KV path: the partials from the pool, the counters of this stream, one launch
 // (or, with FLASHTILE_TF32X3_MERGE=combine, the forward and the combine kernel, the latter as
-// a programmatic dependent launch on sm_90+).
+// a programmatic dependent launch on sm_90+). A call captured into a CUDA graph takes the
+// two launches too: the stream's counters must not be graph memory (an array made during
+// capture) nor be shared with a graph that may be replayed on another stream at the same
+// time as this stream's calls.
 void run_split_tf32x3(const AttentionParams& p, const SplitPlan& plan, tf32x3::SplitArgs args,
                       tf32x3::Precision precision, cudaStream_t stream) {
-  const bool one_launch = merge_in_forward_launch();
+  const bool one_launch = merge_in_forward_launch() && !capturing(stream);
   uint32_t* arrivals = one_launch ? arrival_counters(p.device_index, stream, plan.tiles) : nullptr;
   void* workspace = nullptr;
   check_cuda(cudaMallocFromPoolAsync(&workspace, static_cast<size_t>(plan.partials_bytes()),
