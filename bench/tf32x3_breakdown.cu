@@ -19,7 +19,8 @@
 //                lse are bitwise the pair's (the same weights and sums, by construction)
 //   host: ...    the host steps of one call on their own, each the mean of a batch of calls
 //                (median of 15 batches): the validator, plan() (validator, backend choice,
-//                split plan), the device guard (cudaGetDevice + two cudaSetDevice), a
+//                split plan), the device guard (cudaGetDevice + two cudaSetDevice), the
+//                split path's cudaStreamIsCapturing, a
 //                stream-ordered allocation and free of the partials from a pool like the
 //                backend's, and the submission of an empty kernel, of the one-launch
 //                forward (16 splits) and of the combine; what `host` adds up, step by step
@@ -250,6 +251,11 @@ int main(int argc, char** argv) {
     kept_result = again.workspace_bytes;
   });
   host_step_us("host: device guard", 1000, [&] { const detail::DeviceGuard on_device(0); });
+  host_step_us("host: capture check", 1000, [&] {  // the split path's, before its launch
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+    kept_result = status;
+  });
   {
     cudaMemPoolProps props = {};
     props.allocType = cudaMemAllocationTypePinned;
