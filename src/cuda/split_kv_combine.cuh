@@ -13,7 +13,10 @@
 //   arrives on its tile's counter (last_split_to_arrive), and the last to arrive merges the
 //   tile (merge_tile_partials). One launch per call; the merge runs on one CTA per tile.
 // - a combine kernel after the forward (combine_split_kv_kernel), one warp per row, launched
-//   by launch_split_kv_combine; on sm_90+ as a programmatic dependent launch of the forward.
+//   by launch_split_kv_combine; on sm_90+ it can be a programmatic dependent launch, whose
+//   CTAs are scheduled while the forward still runs (once every forward CTA has called
+//   allow_dependent_launch() or exited) and wait in griddepcontrol.wait until the forward
+//   grid has completed and its writes are visible.
 //   cuda_tf32x3 takes it only under FLASHTILE_TF32X3_MERGE=combine, the two-launch baseline
 //   that bench/tf32x3_breakdown.cu times beside the one launch (H200, third session: forward
 //   + combine 19.5 us, 18.2 us with the programmatic launch; the combine alone 6.5 us). It
