@@ -20,7 +20,9 @@
 // on the field grid (fp32, 16k tokens, d 64/128), 28-35% of the 119 TFLOP/s that 3 tf32
 // products per fp32 one leave of the 356 TFLOP/s ceiling, 0.86-1.18x SDPA's memory-efficient
 // kernel in the same run; the write-up's case 27.9-29.6 us with 16 key splits, of which the
-// host's submission shows ~6 us and the combine kernel ~7 us.
+// host's submission shows ~6 us and the combine kernel ~7 us. Third session: the combine in
+// registers, 22.8 us. Sixth session: the merge moved into this kernel (one launch, below);
+// predicted 22-24 us, no gain (docs/JOURNEY.md step 2b), not yet measured.
 //
 // Layout: Q, K and V tiles are fp32 rows in shared memory (pitches in Tf32Config make every
 // fragment read conflict-free). Each tile is split once per CTA where it lands, into a big
