@@ -1,8 +1,10 @@
 // cuda_tf32x3 (fp32 on tensor cores, 3xTF32, sm_80+) against the double-precision oracle
 // with the fp32 rule (normwise relative error <= 1e-5): the backend grid, every variant and
 // their combinations, packed varlen batches, head dims 1 to 128, unaligned rows, the split-KV
-// path forced on and off (bitwise deterministic in both), N = 131072 on one head, the NaN/Inf
-// rule, the selector's choice and the refusals. Every test skips without a capable device.
+// path forced on and off (bitwise deterministic in both), the merge in the forward's launch
+// (every split count, 100 runs bitwise, its arrival counters back at zero for the next call
+// and kept apart per stream, the two launches under graph capture), N = 131072 on one head, the NaN/Inf rule, the selector's choice
+// and the refusals. Every test skips without a capable device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -319,6 +321,246 @@ TEST(CudaTf32x3, ErrorDistributionBesideCudaTiled) {
   EXPECT_GT(single.values.back(), 1e-5);
 }
 
+// The merged split path (one launch: the last CTA of each tile merges its splits) at every
+// split count from 1 to the most: odd lengths with GQA, causal tiles whose later splits see
+// no key, a window with sinks and ALiBi, a packed varlen batch with empty sequences and
+// seqused_k. Each meets the rule and repeats bitwise.
+std::vector<Shape> merge_shapes() {
+  std::vector<Shape> shapes;
+  shapes.push_back(shape_of(2, 113, 1025, 4, 2, 64));  // odd lengths, GQA
+  Shape causal = shape_of(1, 200, 200, 2, 1, 128);     // block 0: 8 of 13 key blocks
+  causal.causal = true;
+  shapes.push_back(causal);
+  Shape short_causal = shape_of(2, 70, 70, 2, 2, 64);  // block 0: 3 key blocks for 16 splits
+  short_causal.causal = true;
+  shapes.push_back(short_causal);
+  Shape window = shape_of(1, 301, 333, 4, 4, 40);
+  window.window = {40, 0}, window.sinks = true, window.alibi = true, window.softcap = 8.0f;
+  window.strided = true;
+  shapes.push_back(window);
+  Shape varlen = shape_of(1, 0, 0, 4, 2, 64);
+  varlen.varlen_q = {33, 0, 200, 17}, varlen.varlen_k = {60, 12, 150, 17};
+  varlen.seqused_k = {41, 0, 150, 3};
+  varlen.sinks = true;
+  shapes.push_back(varlen);
+  return shapes;
+}
+
+// Under compute-sanitizer (FLASHTILE_SMALL_GRID) 2 and 16 splits of the two smallest shapes.
+TEST(CudaTf32x3, EverySplitCountMergesInOneLaunch) {
+  SKIP_WITHOUT_TF32X3();
+  std::vector<int> split_counts;
+  for (int n = 1; n <= 16; ++n)
+    if (!small_grid() || n == 2 || n == 16) split_counts.push_back(n);
+  std::vector<Shape> shapes = merge_shapes();
+  if (small_grid()) shapes = {shapes[2], shapes[4]};
+  for (int n : split_counts) {
+    const std::string splits = std::to_string(n);
+    const ScopedEnv pinned = pin_splits(splits.c_str());
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE("splits " + splits + ", " + s.describe());
+      AttentionCase c(s);
+      DeviceCase d(c);
+      d.run(c, kTf32x3);
+      EXPECT_TRUE(testing::matches_oracle(c));
+      ASSERT_NO_FATAL_FAILURE(
+          testing::assert_runs_repeat_bitwise(c, d, kTf32x3, small_grid() ? 2 : 3));
+    }
+  }
+}
+
+// The merge in the forward's launch and the combine kernel after it (FLASHTILE_TF32X3_MERGE=
+// combine) weigh and sum the partials alike: the same bits, at a few split counts.
+TEST(CudaTf32x3, OneLaunchGivesTheCombineKernelsBits) {
+  SKIP_WITHOUT_TF32X3();
+  std::vector<Shape> shapes = merge_shapes();
+  if (small_grid()) shapes = {shapes[2], shapes[4]};
+  for (const char* splits : {"2", "7", "16"}) {
+    const ScopedEnv pinned = pin_splits(splits);
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE(std::string("splits ") + splits + ", " + s.describe());
+      AttentionCase c(s);
+      DeviceCase d(c);
+      d.run(c, kTf32x3);
+      const testing::HostBytes one_launch_out = c.out.bytes;
+      const std::vector<float> one_launch_lse = c.lse;
+      const ScopedEnv merge("FLASHTILE_TF32X3_MERGE", "combine");
+      d.poison();
+      d.run(c, kTf32x3);
+      EXPECT_TRUE(testing::matches_oracle(c));
+      EXPECT_EQ(c.out.bytes, one_launch_out);
+      EXPECT_EQ(std::memcmp(c.lse.data(), one_launch_lse.data(), c.lse.size() * sizeof(float)), 0);
+    }
+  }
+}
+
+// The merge's order is the split index, never the order of arrival: 100 runs (3 under
+// compute-sanitizer) of the write-up's case (the backend's own split count) and of a variant
+// with uneven splits give the same bits.
+TEST(CudaTf32x3, OneLaunchIsBitwiseRepeatable) {
+  SKIP_WITHOUT_TF32X3();
+  const int runs = small_grid() ? 3 : 100;
+  Shape writeup = shape_of(1, 1024, 1024, 1, 1, 64);
+  Shape variant = shape_of(2, 257, 700, 4, 2, 64);
+  variant.window = {300, 20}, variant.softcap = 20.0f, variant.alibi = true, variant.sinks = true;
+  const std::pair<Shape, const char*> cases[] = {{writeup, nullptr}, {variant, "5"}};
+  for (const auto& [s, splits] : cases) {
+    SCOPED_TRACE(s.describe());
+    const ScopedEnv pinned = pin_splits(splits);
+    AttentionCase c(s);
+    DeviceCase d(c);
+    EXPECT_GT(plan(d.q.view, d.k.view, d.v.view, d.out.view, d.options(c, kTf32x3)).workspace_bytes,
+              0);
+    d.run(c, kTf32x3);
+    EXPECT_TRUE(testing::matches_oracle(c));
+    ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, d, kTf32x3, runs));
+  }
+}
+
+// The arrival counters start every call at zero with no memset per call (the last CTA of each
+// tile resets its own): calls back to back on one stream with different split counts and
+// tile counts, one with more tiles than the first counter array holds (1024, so the array
+// grows), each into outputs poisoned before it, each against the oracle. A counter left
+// non-zero elects no CTA (or the wrong one) in the next call: poison or a partial sum.
+TEST(CudaTf32x3, ArrivalCountersAreZeroForTheNextCall) {
+  SKIP_WITHOUT_TF32X3();
+  struct Call {
+    Shape shape;
+    const char* splits;
+  };
+  Shape many_tiles = shape_of(4, 2100, 40, 8, 8, 64);  // 4 · 8 · 33 = 1056 tiles
+  const Call calls[] = {{shape_of(1, 1024, 1024, 1, 1, 64), "16"},
+                        {shape_of(2, 113, 1025, 4, 2, 64), "3"},
+                        {shape_of(1, 1024, 1024, 1, 1, 64), "16"},
+                        {many_tiles, "2"},
+                        {shape_of(2, 113, 1025, 4, 2, 64), "16"},
+                        {many_tiles, "2"}};
+  for (const Call& call : calls) {
+    SCOPED_TRACE(std::string("splits ") + call.splits + ", " + call.shape.describe());
+    const ScopedEnv pinned = pin_splits(call.splits);
+    AttentionCase c(call.shape);
+    DeviceCase d(c);
+    const Options o = d.options(c, kTf32x3);
+    // Twice with no synchronisation in between: the second call's election follows the
+    // first's reset on the stream. Each writes outputs of its own, poisoned before.
+    DeviceBuffer second_out(d.out.buffer.bytes()), second_lse(d.lse.bytes());
+    second_out.fill_bytes(0xFF);
+    second_lse.fill_bytes(0xFF);
+    TensorView second_view = d.out.view;
+    second_view.data = second_out.data();
+    Options second = o;
+    second.lse = static_cast<float*>(second_lse.data());
+    forward(d.q.view, d.k.view, d.v.view, d.out.view, o);
+    forward(d.q.view, d.k.view, d.v.view, second_view, second);
+    cuda_synchronize(0);
+    d.copy_back(c);
+    EXPECT_TRUE(testing::matches_oracle(c)) << "first call";
+    const testing::HostBytes first_out = c.out.bytes;
+    const std::vector<float> first_lse = c.lse;
+    second_out.copy_to_host(c.out.bytes.data(), c.out.bytes.size());
+    second_lse.copy_to_host(c.lse.data(), c.lse.size() * sizeof(float));
+    EXPECT_EQ(c.out.bytes, first_out) << "second call";
+    EXPECT_EQ(std::memcmp(c.lse.data(), first_lse.data(), c.lse.size() * sizeof(float)), 0)
+        << "second call's lse";
+  }
+}
+
+// Two streams at once, each with its own counters (and partials): every call of both,
+// queued alternately with no synchronisation, into outputs of its own, gives the bits of
+// one call alone. Counters shared between the streams would elect wrong CTAs while the
+// kernels overlap.
+TEST(CudaTf32x3, TwoStreamsKeepTheirOwnCounters) {
+  SKIP_WITHOUT_TF32X3();
+  const ScopedEnv pinned = pin_splits("16");
+  const int calls_per_stream = small_grid() ? 2 : 8;
+  Shape s = shape_of(1, 1024, 1024, 2, 1, 64);
+  AttentionCase c(s);
+  DeviceCase d(c);
+  d.run(c, kTf32x3);  // the reference: one call alone
+  ASSERT_TRUE(testing::matches_oracle(c));
+  const testing::HostBytes reference_out = c.out.bytes;
+  const std::vector<float> reference_lse = c.lse;
+
+  cudaStream_t streams[2];
+  for (cudaStream_t& stream : streams)
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  struct Outputs {
+    DeviceBuffer out, lse;
+  };
+  std::vector<Outputs> outputs;
+  for (int i = 0; i < 2 * calls_per_stream; ++i) {
+    outputs.push_back({DeviceBuffer(d.out.buffer.bytes()), DeviceBuffer(d.lse.bytes())});
+    outputs.back().out.fill_bytes(0xFF);
+    outputs.back().lse.fill_bytes(0xFF);
+  }
+  cuda_synchronize(0);
+  for (int i = 0; i < 2 * calls_per_stream; ++i) {
+    Options o = d.options(c, kTf32x3);
+    o.stream = streams[i % 2];
+    o.lse = static_cast<float*>(outputs[i].lse.data());
+    TensorView out = d.out.view;
+    out.data = outputs[i].out.data();
+    forward(d.q.view, d.k.view, d.v.view, out, o);
+  }
+  for (cudaStream_t stream : streams) ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  for (int i = 0; i < 2 * calls_per_stream; ++i) {
+    SCOPED_TRACE("call " + std::to_string(i) + " on stream " + std::to_string(i % 2));
+    outputs[i].out.copy_to_host(c.out.bytes.data(), c.out.bytes.size());
+    outputs[i].lse.copy_to_host(c.lse.data(), c.lse.size() * sizeof(float));
+    EXPECT_EQ(c.out.bytes, reference_out);
+    EXPECT_EQ(std::memcmp(c.lse.data(), reference_lse.data(), c.lse.size() * sizeof(float)), 0);
+  }
+  for (cudaStream_t stream : streams) EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+// A split call captured into a CUDA graph takes the two-launch path (no per-stream counters
+// in graph memory, none shared with a graph replayed elsewhere): two replays, poisoned before
+// each, give the eager call's bits, and an eager call on the stream afterwards, once the
+// graph is gone, does too.
+TEST(CudaTf32x3, CapturedSplitCallReplaysTheEagerBits) {
+  SKIP_WITHOUT_TF32X3();
+  const ScopedEnv pinned = pin_splits("16");
+  AttentionCase c(shape_of(1, 1024, 1024, 1, 1, 64));
+  DeviceCase d(c);
+  d.run(c, kTf32x3);
+  ASSERT_TRUE(testing::matches_oracle(c));
+  const testing::HostBytes eager_out = c.out.bytes;
+  const std::vector<float> eager_lse = c.lse;
+  auto expect_eager_bits = [&](const char* what) {
+    d.copy_back(c);
+    EXPECT_EQ(c.out.bytes, eager_out) << what;
+    EXPECT_EQ(std::memcmp(c.lse.data(), eager_lse.data(), c.lse.size() * sizeof(float)), 0)
+        << what;
+  };
+  auto poison_on = [&](cudaStream_t stream) {
+    ASSERT_EQ(cudaMemsetAsync(d.out.buffer.data(), 0xFF, d.out.buffer.bytes(), stream), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(d.lse.data(), 0xFF, d.lse.bytes(), stream), cudaSuccess);
+  };
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  Options o = d.options(c, kTf32x3);
+  o.stream = stream;
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  forward(d.q.view, d.k.view, d.v.view, d.out.view, o);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    poison_on(stream);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    expect_eager_bits(replay == 0 ? "first replay" : "second replay");
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  poison_on(stream);
+  forward(d.q.view, d.k.view, d.v.view, d.out.view, o);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  expect_eager_bits("eager call after the graph");
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
 void expect_refused(const TensorView& q, const TensorView& k, const TensorView& v,
                     testing::DeviceTensor& out, Backend backend, ErrorKind kind,
                     const std::string& message_part) {
@@ -359,6 +601,14 @@ TEST(CudaTf32x3, RefusalsNameTheArgumentAndWriteNothing) {
     DeviceCase d(c);
     expect_refused(d.q.view, d.k.view, d.v.view, d.out, kTf32x3, ErrorKind::invalid_argument,
                    "FLASHTILE_TF32X3_SPLITS must be an integer from 1 to 16");
+  }
+  {
+    const ScopedEnv pinned = pin_splits("2");
+    const ScopedEnv merge("FLASHTILE_TF32X3_MERGE", "later");
+    AttentionCase c(shape_of(1, 17, 64, 1, 1, 64));
+    DeviceCase d(c);
+    expect_refused(d.q.view, d.k.view, d.v.view, d.out, kTf32x3, ErrorKind::invalid_argument,
+                   "FLASHTILE_TF32X3_MERGE must be \"launch\" or \"combine\"; got \"later\"");
   }
   {
     const ScopedEnv mode("FLASHTILE_TF32X3_MODE", "double");
