@@ -53,6 +53,19 @@ struct MmaTraits<128> : MmaConfig<128, 128, 64, 4, 2, false, 2, kSoftcapFmaExp2T
 template <>
 struct MmaTraits<256> : MmaConfig<256, 64, 32, 4, 2, false, 2> {};
 
+// Calls with a sliding window (left side bounded) and plain logits take a schedule of their
+// own (kernel.cuh BlockSchedule, docs/JOURNEY.md 3g): their blocks are of one length and short,
+// so the order of the last wave and the HBM traffic at each block's start and end show. The
+// prefetch distance: 4 tiles of lead (~12 us at 16k, d=128), several HBM latencies under load.
+// Dense, causal, right-only windows and the softcap/ALiBi kernels keep GridSchedule (the
+// transformed kernels are not instantiated twice: their build time is the larger cost).
+using WindowSchedule = BlockSchedule<true, 4>;
+
+template <class Cfg>
+bool takes_window_schedule(const AttentionParams& p) {
+  return p.window_left >= 0 && block_major_grid_fits<Cfg>(p);
+}
+
 // The smallest specialised head dim that holds head_dim (0 when none does).
 constexpr int specialised_head_dim(int64_t head_dim) {
   for (int d : kSpecialisedHeadDims)
@@ -61,14 +74,19 @@ constexpr int specialised_head_dim(int64_t head_dim) {
 }
 
 // One head dim's kernels, instantiated per head dim in hdim<D>.cu. The aligned path has one
-// kernel per LogitsFlags (attn/features.hpp); the narrow path (tile_io.cuh) a plain one and
-// one that reads softcap and ALiBi at run time.
+// kernel per LogitsFlags (attn/features.hpp) and the plain one again on WindowSchedule; the
+// narrow path (tile_io.cuh) a plain one and one that reads softcap and ALiBi at run time.
 template <class T, int kHeadDim>
 void run_mma_forward(const AttentionParams& p, cudaStream_t stream) {
   using Cfg = MmaTraits<kHeadDim>;
   if (rows_aligned_16(p)) {
     with_logits_flags(p, [&](auto logits) {
-      launch_mma_forward<T, Cfg, decltype(logits), true>(p, stream);
+      using Logits = decltype(logits);
+      if constexpr (Logits::kPlain) {
+        if (takes_window_schedule<Cfg>(p))
+          return launch_mma_forward<T, Cfg, Logits, true, WindowSchedule>(p, stream);
+      }
+      launch_mma_forward<T, Cfg, Logits, true>(p, stream);
     });
   } else if (p.softcap == 0.0f && p.alibi_slopes == nullptr) {
     launch_mma_forward<T, Cfg, LogitsFlags<false, false>, false>(p, stream);
