@@ -2,7 +2,7 @@
 // same file builds against an older tree (its dense grid then times the older kernel in the
 // same device call; the variant parts need src/attn/ and are left out there).
 //
-//   flashtile_mma_variants [--csv FILE] [--repeats N] [--grid-only]
+//   flashtile_mma_variants [--csv FILE] [--repeats N] [--grid-only | --window-only]
 //
 // Prints and (with --csv) writes one row per point: the field's dense grid (bf16, 16k
 // tokens, hidden 2048, seqlen 512..16k, d 64/128/256, full and causal), then at seqlen 16k
@@ -422,23 +422,31 @@ int main(int argc, char** argv) {
   return tile_sweep::run(argc, argv);
 #else
   std::string csv;
-  bool grid_only = false;
+  bool grid_only = false, window_only = false;
   Bench bench;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--csv" && i + 1 < argc) csv = argv[++i];
     else if (arg == "--repeats" && i + 1 < argc) bench.repeats = std::stoi(argv[++i]);
     else if (arg == "--grid-only") grid_only = true;
+    else if (arg == "--window-only") window_only = true;
     else {
-      std::fprintf(stderr, "usage: %s [--csv FILE] [--repeats N] [--grid-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--csv FILE] [--repeats N] [--grid-only | --window-only]\n",
+                   argv[0]);
       return 2;
     }
   }
   std::printf("%s, variants %s\n", cuda_device_name(0).c_str(),
               FLASHTILE_BENCH_VARIANTS ? "on" : "off (older tree)");
   bench.spin_up();
-  bench.dense_grid();
-  if (!grid_only) {
+  if (window_only) {  // the window schedules alone (docs/JOURNEY.md 3g)
+#if FLASHTILE_BENCH_VARIANTS
+    bench.window_shapes();
+#endif
+  } else {
+    bench.dense_grid();
+  }
+  if (!grid_only && !window_only) {
 #if FLASHTILE_BENCH_VARIANTS
     bench.variants();
     bench.softcap_exp2_split();

@@ -244,12 +244,12 @@ TEST(CudaMma, WindowScheduleMatchesOracle) {
       {2, 900, 1300, 4, 2, 96, {128, 3}, false},    {2, 1300, 900, 4, 2, 128, {200, 64}, true},
       {1, 2100, 2100, 2, 1, 128, {1024, 0}, false}, {2, 600, 800, 4, 2, 256, {300, -1}, false},
       {1, 513, 257, 8, 4, 128, {0, 0}, false},      {2, 300, 1200, 2, 2, 64, {511, 100}, false},
-      {5, 129, 129, 3, 1, 128, {17, 17}, true},     {1, 4100, 4100, 2, 2, 128, {2048, 0}, false},
+      {5, 129, 129, 3, 1, 128, {17, 17}, true},     {1, 3000, 3000, 2, 2, 128, {2048, 0}, false},
   };
   int rotate = 0;
   for (DType dtype : {DType::bf16, DType::f16})
     for (const Case& c : cases) {
-      if (small_grid() && c.q * c.k > 4'000'000) continue;
+      if (small_grid() && c.q * c.k > 1'200'000) continue;  // the sanitizers' runs
       Shape s = shape_of(dtype, c.batch, c.q, c.k, c.heads_q, c.heads_kv, c.head_dim);
       s.window = c.window, s.sinks = c.sinks;
       s.strided = rotate++ % 3 == 1;
