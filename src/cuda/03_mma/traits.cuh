@@ -61,6 +61,13 @@ struct MmaTraits<256> : MmaConfig<256, 64, 32, 4, 2, false, 2> {};
 // transformed kernels are not instantiated twice: their build time is the larger cost).
 using WindowSchedule = BlockSchedule<true, 4>;
 
+// Only where the windowed kernel's tile loop spills no more than main's (SASS, sm_90a,
+// nvcc 13.0): d=64's spilled inside the loop (40 bytes of stack, LDL/STL between the mma,
+// the cost 3f measured at -2..-5%), so d=64 keeps GridSchedule; d=96 and d=256 have no stack,
+// d=128 the dense kernel's spill slots with half the loop's LDL.
+template <int kHeadDim>
+inline constexpr bool kWindowScheduleFits = kHeadDim != 64;
+
 template <class Cfg>
 bool takes_window_schedule(const AttentionParams& p) {
   return p.window_left >= 0 && block_major_grid_fits<Cfg>(p);
@@ -82,7 +89,7 @@ void run_mma_forward(const AttentionParams& p, cudaStream_t stream) {
   if (rows_aligned_16(p)) {
     with_logits_flags(p, [&](auto logits) {
       using Logits = decltype(logits);
-      if constexpr (Logits::kPlain) {
+      if constexpr (Logits::kPlain && kWindowScheduleFits<kHeadDim>) {
         if (takes_window_schedule<Cfg>(p))
           return launch_mma_forward<T, Cfg, Logits, true, WindowSchedule>(p, stream);
       }
