@@ -41,12 +41,12 @@ note "timings done"; pack
 
 # 2. The suite beside the sanitizers (small grid) on the window tests.
 T=$bin/flashtile_cuda_mma_tests
-( timeout 150 "$T" > "$logs/cuda_mma_tests.log" 2>&1; echo "rc=$?" >> "$logs/cuda_mma_tests.log" ) &
+( timeout 100 "$T" > "$logs/cuda_mma_tests.log" 2>&1; echo "rc=$?" >> "$logs/cuda_mma_tests.log" ) &
 (
-  FLASHTILE_SMALL_GRID=1 timeout 80 compute-sanitizer --tool memcheck --error-exitcode 1 "$T" \
+  FLASHTILE_SMALL_GRID=1 timeout 40 compute-sanitizer --tool memcheck --error-exitcode 1 "$T" \
     --gtest_filter='CudaMma.WindowSchedule*:CudaMma.WindowEdgesAndEmptyRows' \
     > "$logs/memcheck_window.log" 2>&1; echo "rc=$?" >> "$logs/memcheck_window.log"
-  FLASHTILE_SMALL_GRID=1 timeout 80 compute-sanitizer --tool racecheck --error-exitcode 1 "$T" \
+  FLASHTILE_SMALL_GRID=1 timeout 55 compute-sanitizer --tool racecheck --error-exitcode 1 "$T" \
     --gtest_filter='CudaMma.WindowScheduleMatchesOracle' \
     > "$logs/racecheck_window.log" 2>&1; echo "rc=$?" >> "$logs/racecheck_window.log"
 ) &
