@@ -230,8 +230,8 @@ TEST(CudaMma, WindowEdgesAndEmptyRows) {
 // WindowSchedule (a block-major 1D grid and L2 prefetches): window sizes below, at and above
 // a 64-key tile and a 128-row block, right sides 0, > 0 and unbounded, sq != sk both ways,
 // MHA/GQA/MQA, several batch entries and heads (the 1D grid's decoding into head and batch
-// entry), head dims 96, 128, 256 (64 keeps the grid: traits.cuh kWindowScheduleFits) and 64
-// beside them, sinks (still plain logits), strides.
+// entry), head dims 96 and 128 (64 and 256 keep the grid: traits.cuh kWindowScheduleFits)
+// and 64, 256 beside them, sinks (still plain logits), strides.
 TEST(CudaMma, WindowScheduleMatchesOracle) {
   SKIP_WITHOUT_MMA_DEVICE();
   struct Case {

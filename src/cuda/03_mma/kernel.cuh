@@ -130,7 +130,8 @@ struct MmaConfig {
 //     (query block, head, batch entry), query block fastest
 //   kL2PrefetchTiles: each CTA prefetches into L2 the K/V tile this many visits ahead of the
 //     one it computes, and at its start the Q rows and first K/V tiles of the block that the
-//     CTA one resident set later (SMs × kMinBlocks launches on) computes; 0 = no prefetch
+//     CTA one resident set later (SMs × kMinBlocks launches on) computes; 0 = no prefetch.
+//     Measured to lose (+3..5% at window (1024, 0), d=128: JOURNEY 3g); a bench knob only.
 template <bool kBlockMajor_, int kL2PrefetchTiles_>
 struct BlockSchedule {
   static constexpr bool kBlockMajor = kBlockMajor_;

@@ -54,19 +54,21 @@ template <>
 struct MmaTraits<256> : MmaConfig<256, 64, 32, 4, 2, false, 2> {};
 
 // Calls with a sliding window (left side bounded) and plain logits take a schedule of their
-// own (kernel.cuh BlockSchedule, docs/JOURNEY.md 3g): their blocks are of one length and short,
-// so the order of the last wave and the HBM traffic at each block's start and end show. The
-// prefetch distance: 4 tiles of lead (~12 us at 16k, d=128), several HBM latencies under load.
-// Dense, causal, right-only windows and the softcap/ALiBi kernels keep GridSchedule (the
-// transformed kernels are not instantiated twice: their build time is the larger cost).
-using WindowSchedule = BlockSchedule<true, 4>;
+// own (kernel.cuh BlockSchedule, docs/JOURNEY.md 3g): their blocks are short and of one
+// length, so the order of the last wave shows. Measured on the H200 (bench/mma_variants.cu
+// --window-only, 16k, d=128, bf16, window (1024, 0); bench/results/window_h200/), ms:
+//   grid (main's kernel)                 0.5285
+//   block-major order only               0.5182  <- chosen (-2.0%)
+//   block-major + L2 prefetch, 2/4/8     0.5455 / 0.5418 / 0.5456
+//   grid + L2 prefetch 4                 0.5528
+// The L2 prefetches cost more issue than the traffic they were to hide (JOURNEY 3g), so the
+// library takes the order alone; the prefetch stays a knob of the bench.
+using WindowSchedule = BlockSchedule<true, 0>;
 
-// Only where the windowed kernel's tile loop spills no more than main's (SASS, sm_90a,
-// nvcc 13.0): d=64's spilled inside the loop (40 bytes of stack, LDL/STL between the mma,
-// the cost 3f measured at -2..-5%), so d=64 keeps GridSchedule; d=96 and d=256 have no stack,
-// d=128 the dense kernel's spill slots with half the loop's LDL.
+// Where the window schedule applies: the M128 N64 shape it was measured on (d=128; d=96 runs
+// the same shape). d=64 (M128 N128) and d=256 (M64 N32) keep GridSchedule until measured.
 template <int kHeadDim>
-inline constexpr bool kWindowScheduleFits = kHeadDim != 64;
+inline constexpr bool kWindowScheduleFits = kHeadDim == 96 || kHeadDim == 128;
 
 template <class Cfg>
 bool takes_window_schedule(const AttentionParams& p) {
