@@ -2,10 +2,10 @@
 // same file builds against an older tree (its dense grid then times the older kernel in the
 // same device call; the variant parts need src/attn/ and are left out there).
 //
-//   flashtile_mma_variants [--csv FILE] [--repeats N] [--grid-only] [--groups G1,G2,...]
+//   flashtile_mma_variants [--csv FILE] [--repeats N] [--grid-only | --window-only | --groups G,...]
 //
 // --groups times only the named parts (grid variants softcap window varlen narrow), e.g.
-// `--groups varlen` for issue 8's varlen line alone.
+// `--groups varlen` for issue 8's varlen line alone; --window-only is `--groups window`.
 //
 // Prints and (with --csv) writes one row per point: the field's dense grid (bf16, 16k
 // tokens, hidden 2048, seqlen 512..16k, d 64/128/256, full and causal), then at seqlen 16k
@@ -230,33 +230,53 @@ struct Bench {
     softcap_exp2_split_one<4>(p, flops);
   }
 
-  // Window (1024, 0), 16k, d=128 on other tile shapes (the aligned plain kernel, called
-  // directly): data for a window-specific shape, which traits.cuh does not pick.
-  template <class Cfg>
-  void window_shape_one(const char* what, const detail::AttentionParams& p, double flops) {
-    char label[64];
-    std::snprintf(label, sizeof label, "%s M%d N%d W%d B%d", what, Cfg::kBlockM, Cfg::kBlockN,
-                  Cfg::kNWarps, Cfg::kMinBlocks);
+  // Causal windows (L, 0), 16k, d=128, through the plain aligned kernel called directly: the
+  // schedules of kernel.cuh (BlockSchedule) one piece at a time, and another tile shape
+  // (docs/JOURNEY.md 3g). GridSchedule on traits' shape is main's kernel; the library takes
+  // WindowSchedule (traits.cuh) for these calls. 3f's 16-rows-a-warp shapes (M64 N64 W4,
+  // M64 N32 W4: 0.60 ms against 0.51) are left out.
+  template <class Cfg, class Schedule>
+  void window_shape_one(const char* schedule, const detail::AttentionParams& p, double flops) {
+    char label[96];
+    std::snprintf(label, sizeof label, "window(%lld,0) M%d N%d W%d B%d %s",
+                  (long long)p.window_left, Cfg::kBlockM, Cfg::kBlockN, Cfg::kNWarps,
+                  Cfg::kMinBlocks, schedule);
+    if (Schedule::kBlockMajor && !detail::mma::block_major_grid_fits<Cfg>(p)) return;
     time({"shape", label, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true}, flops,
          size_t(p.batch * p.seqlen_q * p.heads_q * p.head_dim), 0, [&] {
            detail::mma::launch_mma_forward<__nv_bfloat16, Cfg, detail::LogitsFlags<false, false>,
-                                           true>(p, nullptr);
+                                           true, Schedule>(p, nullptr);
          });
   }
   void window_shapes() {
     const std::array<int64_t, 4> shape = {1, 16384, kHidden / 128, 128};
     const TensorView q = view(buf.q, shape), k = view(buf.k, shape), v = view(buf.v, shape),
                      out = view(buf.o, shape);
-    Options o;
-    o.causal = true;
-    o.window = {1024, 0};
-    o.backend = Backend::cuda_mma;
-    const detail::AttentionParams p = detail::validate({q, k, v, &out, nullptr, o});
-    const double flops = 4.0 * p.heads_q * double(p.seqlen_q) * p.seqlen_q * p.head_dim / 2.0;
+    using detail::mma::BlockSchedule;
+    using detail::mma::GridSchedule;
     using detail::mma::MmaConfig;
-    window_shape_one<MmaConfig<128, 128, 64, 4, 2, false, 2>>("window", p, flops);  // traits'
-    window_shape_one<MmaConfig<128, 64, 64, 4, 2, false, 2>>("window", p, flops);  // 16 rows a warp
-    window_shape_one<MmaConfig<128, 64, 32, 4, 2, false, 4>>("window", p, flops);
+    using detail::mma::WindowSchedule;
+    using Traits = detail::mma::MmaTraits<128>;
+    for (int64_t left : {512, 1024, 2048, 4096}) {
+      Options o;
+      o.causal = true;
+      o.window = {left, 0};
+      o.backend = Backend::cuda_mma;
+      const detail::AttentionParams p = detail::validate({q, k, v, &out, nullptr, o});
+      const double flops = 4.0 * p.heads_q * double(p.seqlen_q) * p.seqlen_q * p.head_dim / 2.0;
+      window_shape_one<Traits, GridSchedule>("grid (main)", p, flops);
+      window_shape_one<Traits, WindowSchedule>("block-major (library)", p, flops);
+      if (left != 1024) continue;
+      // The L2 prefetch, which lost (3g): alone, and beside the order at three distances.
+      window_shape_one<Traits, BlockSchedule<false, 4>>("grid + L2 4", p, flops);
+      window_shape_one<Traits, BlockSchedule<true, 2>>("block-major + L2 2", p, flops);
+      window_shape_one<Traits, BlockSchedule<true, 4>>("block-major + L2 4", p, flops);
+      window_shape_one<Traits, BlockSchedule<true, 8>>("block-major + L2 8", p, flops);
+      // 2 warps of 32 rows, 32-key tiles, 4 CTAs/SM: 1088 keys a block (tile floor 7.8x).
+      using M64 = MmaConfig<128, 64, 32, 2, 2, false, 4>;
+      window_shape_one<M64, GridSchedule>("grid", p, flops);
+      window_shape_one<M64, BlockSchedule<true, 4>>("block-major + L2 4", p, flops);
+    }
   }
 
   // Mixed lengths in [256, 4096] (a fixed sequence of draws) up to 16k tokens, packed, beside
@@ -413,9 +433,12 @@ int main(int argc, char** argv) {
     if (arg == "--csv" && i + 1 < argc) csv = argv[++i];
     else if (arg == "--repeats" && i + 1 < argc) bench.repeats = std::stoi(argv[++i]);
     else if (arg == "--grid-only") groups = "grid";
+    else if (arg == "--window-only") groups = "window";  // the window schedules (JOURNEY 3g)
     else if (arg == "--groups" && i + 1 < argc) groups = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--csv FILE] [--repeats N] [--grid-only] [--groups G,...]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--csv FILE] [--repeats N] [--grid-only | --window-only | "
+                   "--groups G,...]\n",
                    argv[0]);
       return 2;
     }

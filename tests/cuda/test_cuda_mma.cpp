@@ -226,6 +226,62 @@ TEST(CudaMma, WindowEdgesAndEmptyRows) {
     }
 }
 
+// Sliding windows with a bounded left side and plain logits take traits.cuh's
+// WindowSchedule (a block-major 1D grid and L2 prefetches): window sizes below, at and above
+// a 64-key tile and a 128-row block, right sides 0, > 0 and unbounded, sq != sk both ways,
+// MHA/GQA/MQA, several batch entries and heads (the 1D grid's decoding into head and batch
+// entry), head dims 96 and 128 (64 and 256 keep the grid: traits.cuh kWindowScheduleFits)
+// and 64, 256 beside them, sinks (still plain logits), strides.
+TEST(CudaMma, WindowScheduleMatchesOracle) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  struct Case {
+    int64_t batch, q, k, heads_q, heads_kv, head_dim;
+    Window window;
+    bool sinks;
+  };
+  const Case cases[] = {
+      {3, 700, 700, 4, 4, 128, {1, 0}, false},      {2, 1000, 1000, 6, 2, 128, {63, 0}, false},
+      {2, 1000, 1000, 4, 1, 64, {64, 0}, true},     {1, 1500, 1500, 3, 3, 128, {127, 0}, false},
+      {2, 900, 1300, 4, 2, 96, {128, 3}, false},    {2, 1300, 900, 4, 2, 128, {200, 64}, true},
+      {1, 2100, 2100, 2, 1, 128, {1024, 0}, false}, {2, 600, 800, 4, 2, 256, {300, -1}, false},
+      {1, 513, 257, 8, 4, 128, {0, 0}, false},      {2, 300, 1200, 2, 2, 64, {511, 100}, false},
+      {5, 129, 129, 3, 1, 128, {17, 17}, true},     {1, 3000, 3000, 2, 2, 128, {2048, 0}, false},
+  };
+  int rotate = 0;
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (const Case& c : cases) {
+      if (small_grid() && c.q * c.k > 1'200'000) continue;  // the sanitizers' runs
+      Shape s = shape_of(dtype, c.batch, c.q, c.k, c.heads_q, c.heads_kv, c.head_dim);
+      s.window = c.window, s.sinks = c.sinks;
+      s.strided = rotate++ % 3 == 1;
+      expect_matches_oracle(s);
+    }
+}
+
+// The same schedule on packed varlen batches: blocks past a short sequence's end exit (and
+// are no CTA's prefetch target), windows cut inside and across sequences, seqused_k.
+TEST(CudaMma, WindowScheduleVarlenMatchesOracle) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  struct Batch {
+    std::vector<int64_t> q, k, used;
+  };
+  const Batch batches[] = {
+      {{700, 1, 0, 300, 129}, {700, 5, 64, 300, 129}, {}},
+      {{256, 1025, 40}, {512, 1025, 40}, {300, 1000, 40}},
+      {{1300, 128, 600}, {900, 128, 700}, {}},
+  };
+  const Window windows[] = {{100, 0}, {256, 7}, {600, -1}, {1, 1}};
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (const Batch& batch : batches)
+      for (const Window& window : windows) {
+        Shape s = shape_of(dtype, 1, 0, 0, 4, 2, 128);
+        s.varlen_q = batch.q, s.varlen_k = batch.k, s.seqused_k = batch.used;
+        s.window = window;
+        s.sinks = window.right == 7;
+        expect_matches_oracle(s);
+      }
+}
+
 TEST(CudaMma, AutoPicksMmaForHalfTypesWithVariants) {
   SKIP_WITHOUT_MMA_DEVICE();
   for (DType dtype : {DType::f16, DType::bf16})

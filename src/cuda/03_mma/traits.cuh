@@ -53,6 +53,28 @@ struct MmaTraits<128> : MmaConfig<128, 128, 64, 4, 2, false, 2, kSoftcapFmaExp2T
 template <>
 struct MmaTraits<256> : MmaConfig<256, 64, 32, 4, 2, false, 2> {};
 
+// Calls with a sliding window (left side bounded) and plain logits take a schedule of their
+// own (kernel.cuh BlockSchedule, docs/JOURNEY.md 3g): their blocks are short and of one
+// length, so the order of the last wave shows. Measured on the H200 (bench/mma_variants.cu
+// --window-only, 16k, d=128, bf16, window (1024, 0); bench/results/window_h200/), ms:
+//   grid (main's kernel)                 0.5285
+//   block-major order only               0.5182  <- chosen (-2.0%)
+//   block-major + L2 prefetch, 2/4/8     0.5455 / 0.5418 / 0.5456
+//   grid + L2 prefetch 4                 0.5528
+// The L2 prefetches cost more issue than the traffic they were to hide (JOURNEY 3g), so the
+// library takes the order alone; the prefetch stays a knob of the bench.
+using WindowSchedule = BlockSchedule<true, 0>;
+
+// Where the window schedule applies: the M128 N64 shape it was measured on (d=128; d=96 runs
+// the same shape). d=64 (M128 N128) and d=256 (M64 N32) keep GridSchedule until measured.
+template <int kHeadDim>
+inline constexpr bool kWindowScheduleFits = kHeadDim == 96 || kHeadDim == 128;
+
+template <class Cfg>
+bool takes_window_schedule(const AttentionParams& p) {
+  return p.window_left >= 0 && block_major_grid_fits<Cfg>(p);
+}
+
 // The smallest specialised head dim that holds head_dim (0 when none does).
 constexpr int specialised_head_dim(int64_t head_dim) {
   for (int d : kSpecialisedHeadDims)
@@ -61,14 +83,19 @@ constexpr int specialised_head_dim(int64_t head_dim) {
 }
 
 // One head dim's kernels, instantiated per head dim in hdim<D>.cu. The aligned path has one
-// kernel per LogitsFlags (attn/features.hpp); the narrow path (tile_io.cuh) a plain one and
-// one that reads softcap and ALiBi at run time.
+// kernel per LogitsFlags (attn/features.hpp) and the plain one again on WindowSchedule; the
+// narrow path (tile_io.cuh) a plain one and one that reads softcap and ALiBi at run time.
 template <class T, int kHeadDim>
 void run_mma_forward(const AttentionParams& p, cudaStream_t stream) {
   using Cfg = MmaTraits<kHeadDim>;
   if (rows_aligned_16(p)) {
     with_logits_flags(p, [&](auto logits) {
-      launch_mma_forward<T, Cfg, decltype(logits), true>(p, stream);
+      using Logits = decltype(logits);
+      if constexpr (Logits::kPlain && kWindowScheduleFits<kHeadDim>) {
+        if (takes_window_schedule<Cfg>(p))
+          return launch_mma_forward<T, Cfg, Logits, true, WindowSchedule>(p, stream);
+      }
+      launch_mma_forward<T, Cfg, Logits, true>(p, stream);
     });
   } else if (p.softcap == 0.0f && p.alibi_slopes == nullptr) {
     launch_mma_forward<T, Cfg, LogitsFlags<false, false>, false>(p, stream);

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One device call for cuda_mma's window schedule (docs/JOURNEY.md 3g), on binaries built on
+# the dev machine for sm_90a and carried xz-compressed in .devbin/ of this worktree:
+#   flashtile_cuda_mma_tests, flashtile_mma_variants, flashtile-new (this tree's CLI) and
+#   flashtile-main (main's CLI at 9001db8, for the A/B in the same call).
+# The `run` tool sends /work/main; this worktree travels as the carried .wt/window:
+#   cd .wt/window && bash bench/results/window_h200/run.sh
+# Order: the timings first, with the GPU to themselves; then the mma suite beside
+# compute-sanitizer memcheck and racecheck on the window tests. Logs come back as
+# $OUT/logs.tgz, the harness's CSV as $OUT/window_shapes.csv.
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+root=$(cd ../..; pwd)
+export LD_LIBRARY_PATH=$root/.device/deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+out=${OUT:-/tmp/window-out}; logs=/tmp/window-logs/logs; bin=/tmp/window-bin
+mkdir -p "$out" "$logs" "$bin"
+t0=$SECONDS
+note() { echo "[$((SECONDS - t0)) s] $*"; }
+pack() { tar czf "$out/logs.tgz" -C /tmp/window-logs logs; }
+for f in .devbin/*.xz; do xz -dc "$f" > "$bin/$(basename "$f" .xz)" & done; wait
+chmod +x "$bin"/*
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+  --format=csv > "$logs/gpu.txt" 2>&1; cat "$logs/gpu.txt"
+note "unpacked: $(ls "$bin" | tr '\n' ' ')"
+
+# 1. Timings. The harness: main's grid against the window schedule at windows 512..4096, and
+# the schedule's pieces at 1024. The CLI line, main's binary and this tree's, alternating.
+timeout 60 "$bin/flashtile_mma_variants" --window-only --csv "$out/window_shapes.csv" \
+  > "$logs/window_shapes.log" 2>&1; echo "rc=$?" >> "$logs/window_shapes.log"
+cat "$logs/window_shapes.log"; pack
+line=(bench --dtype bf16 --seqlen 16384 --heads 16 --head-dim 128 --backends cuda_mma --repeats 10)
+for what in "causal:--causal" "window:--causal --window 1024,0" "full:"; do
+  name=${what%%:*}; args=${what#*:}
+  for tree in main new; do
+    # shellcheck disable=SC2086
+    timeout 30 "$bin/flashtile-$tree" "${line[@]}" $args > "$logs/cli_${tree}_$name.log" 2>&1
+    echo "$tree $name: $(grep -E '^cuda_mma ' "$logs/cli_${tree}_$name.log")"
+  done
+done
+note "timings done"; pack
+
+# 2. The suite beside the sanitizers (small grid) on the window tests.
+T=$bin/flashtile_cuda_mma_tests
+( timeout 100 "$T" > "$logs/cuda_mma_tests.log" 2>&1; echo "rc=$?" >> "$logs/cuda_mma_tests.log" ) &
+(
+  FLASHTILE_SMALL_GRID=1 timeout 40 compute-sanitizer --tool memcheck --error-exitcode 1 "$T" \
+    --gtest_filter='CudaMma.WindowSchedule*:CudaMma.WindowEdgesAndEmptyRows' \
+    > "$logs/memcheck_window.log" 2>&1; echo "rc=$?" >> "$logs/memcheck_window.log"
+  FLASHTILE_SMALL_GRID=1 timeout 55 compute-sanitizer --tool racecheck --error-exitcode 1 "$T" \
+    --gtest_filter='CudaMma.WindowScheduleMatchesOracle' \
+    > "$logs/racecheck_window.log" 2>&1; echo "rc=$?" >> "$logs/racecheck_window.log"
+) &
+wait
+note "suite and sanitizers done"
+for f in cuda_mma_tests memcheck_window racecheck_window; do
+  echo "== $f"; grep -E "PASSED|FAILED|SUMMARY|^rc=|margin" "$logs/$f.log" | tail -8
+done
+pack
