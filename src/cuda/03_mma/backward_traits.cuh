@@ -1,6 +1,6 @@
 // Tile sizes of the cuda_mma backward (backward_kernel.cuh), one configuration per
 // specialised head dim; any head dim 1..128 runs zero-padded on the next one up.
-// MmaBackwardConfig<kHeadDim, kBlockM, kNWarps (16 keys each), kMinBlocks>.
+// MmaBackwardConfig<kHeadDim, kBlockM, kNWarps (16 keys each), kMinBlocks, kChunkRows>.
 // Larger head dims are refused: dK and dV of a warp's 16 keys live in 2·kHeadDim/2
 // fp32 registers per thread, which at 256 leaves nothing for S and dP.
 #pragma once
@@ -28,8 +28,12 @@ struct MmaBackwardTraits;
 // with it.
 template <>
 struct MmaBackwardTraits<64> : MmaBackwardConfig<64, 64, 8, 1> {};
+// d=128 walks each step's 64 rows in two chunks of 32 (Sᵀ and dPᵀ 32 registers a thread,
+// not 64; K and V fragments read twice, 200 LDSM a step instead of 184). Local loads /
+// stores in cuobjdump -sass (sm_90a, bf16), one chunk -> two: plain 0/0 -> 1/1, softcap
+// 18/22 -> 2/4, ALiBi 18/21 -> 0/0, both 3/5 -> 5/9, the narrow path's kernel 8/9 -> 17/15.
 template <>
-struct MmaBackwardTraits<128> : MmaBackwardConfig<128, 64, 8, 1> {};
+struct MmaBackwardTraits<128> : MmaBackwardConfig<128, 64, 8, 1, 32> {};
 
 // The smallest backward head dim that holds head_dim (0 when none does).
 constexpr int backward_head_dim(int64_t head_dim) {
