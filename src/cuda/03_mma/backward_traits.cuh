@@ -14,7 +14,7 @@ inline constexpr int kBackwardHeadDims[] = {64, 128};
 template <int kHeadDim>
 struct MmaBackwardTraits;
 // Both head dims: 128 keys (8 warps of 16) x 64 query rows per step, one CTA per SM (97 KB
-// / 161 KB of shared memory at d=64 / 128, <= 255 registers). Against the first
+// / 161 KB of shared memory at d=64 / 128, <= 255 registers; d=64 now 128 rows, below). Against the first
 // configuration, <D, 64, 4, 2> (64 keys, two CTAs per SM), it loads Q and dO and adds dQ
 // half as often per key. TFLOP/s of the backward (H200, bf16, non-causal, seqlen 1k / 4k /
 // 16k; docs/JOURNEY.md "Step 3b"):
@@ -26,8 +26,12 @@ struct MmaBackwardTraits;
 // (1) one call, first session; (2) one call, second session. Today's kernel adds dQ with
 // 16-byte reductions and takes one barrier per step; the 4-warp shape was not re-timed
 // with it.
+// d=64 takes 128 query rows per step (FlashAttention-2's d=64 tile, 128 x 128) in two chunks
+// of 64: the registers of d=128's chunks (Sᵀ and dPᵀ 64, dK and dV 64 a thread), half the
+// steps per key block, so half the barriers, row-stat stagings, Q/dO issues and step
+// bookkeeping per FLOP (162 KB of shared memory; no local loads or stores in any kernel).
 template <>
-struct MmaBackwardTraits<64> : MmaBackwardConfig<64, 64, 8, 1> {};
+struct MmaBackwardTraits<64> : MmaBackwardConfig<64, 128, 8, 1, 64> {};
 // d=128 walks each step's 64 rows in two chunks of 32 (Sᵀ and dPᵀ 32 registers a thread,
 // not 64; K and V fragments read twice, 200 LDSM a step instead of 184). Local loads /
 // stores in cuobjdump -sass (sm_90a, bf16), one chunk -> two: plain 0/0 -> 1/1, softcap
