@@ -456,34 +456,46 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
       // Pᵀ and dSᵀ in place of Sᵀ and dPᵀ. Element (nt, 2·half + e) is key
       // key0 + warp_key0 + g + 8·half and query row row0 + chunk_row0 + nt·8 + 2t + e.
+      // Two copies behind one uniform branch: in the unmasked one (every step off the
+      // mask's edges) the exp2 of the chunk are one basic block that ptxas can overlap;
+      // a test per element would cut it into a block per element.
+      auto probabilities_and_ds = [&](auto masked_tag) {
+        constexpr bool kMasked = decltype(masked_tag)::value;
 #pragma unroll
-      for (int nt = 0; nt < kChunkTiles; ++nt) {
-        const float2 lse2 =
-            *reinterpret_cast<const float2*>(lse_row + chunk_row0 + nt * 8 + 2 * t);
+        for (int nt = 0; nt < kChunkTiles; ++nt) {
+          const float2 lse2 =
+              *reinterpret_cast<const float2*>(lse_row + chunk_row0 + nt * 8 + 2 * t);
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
+          for (int half = 0; half < 2; ++half)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = key0 + warp_key0 + g + 8 * half;
-            const int row = row0 + chunk_row0 + nt * 8 + 2 * t + e;
-            float& x = st[nt][2 * half + e];
-            float& dp = dpt[nt][2 * half + e];
-            const float lse_log2 = e == 0 ? lse2.x : lse2.y;
-            float derivative;
-            float prob;
-            if constexpr (Logits::kPlain) {
-              derivative = logits.scaled_derivative<false>(x);
-              prob = ptx::exp2_approx(fmaf(x, scale_log2, -lse_log2));
-            } else {
-              const float logit =
-                  logit_and_derivative<Logits>(logits, x, mask, row, key, derivative);
-              prob = ptx::exp2_approx(fmaf(logit, kLog2e, -lse_log2));
+            for (int e = 0; e < 2; ++e) {
+              const int key = key0 + warp_key0 + g + 8 * half;
+              const int row = row0 + chunk_row0 + nt * 8 + 2 * t + e;
+              float& x = st[nt][2 * half + e];
+              float& dp = dpt[nt][2 * half + e];
+              const float lse_log2 = e == 0 ? lse2.x : lse2.y;
+              float derivative;
+              float prob;
+              if constexpr (Logits::kPlain) {
+                derivative = logits.scaled_derivative<false>(x);
+                prob = ptx::exp2_approx(fmaf(x, scale_log2, -lse_log2));
+              } else {
+                const float logit =
+                    logit_and_derivative<Logits>(logits, x, mask, row, key, derivative);
+                prob = ptx::exp2_approx(fmaf(logit, kLog2e, -lse_log2));
+              }
+              if constexpr (kMasked) {
+                if (!mask.visible(row, key)) prob = 0.0f;
+              }
+              x = prob;
+              dp = prob * dp * derivative;  // dp holds dP − D
             }
-            if (masked && !mask.visible(row, key)) prob = 0.0f;
-            x = prob;
-            dp = prob * dp * derivative;  // dp holds dP − D
-          }
-      }
+        }
+      };
+      if (masked)
+        probabilities_and_ds(std::true_type{});
+      else
+        probabilities_and_ds(std::false_type{});
 
       // dV += Pᵀ·dO and dK += dSᵀ·Q over the chunk's rows: the A fragment of k-step kk is
       // n-tiles 2kk, 2kk+1 of the accumulators (as the forward's P·V). dSᵀ also goes to
