@@ -14,7 +14,7 @@
 //       Pᵀ = exp2(logit·log2e − lse·log2e),  dSᵀ = Pᵀ∘(dPᵀ − D)∘∂logit/∂qk
 //       dV += Pᵀ·dO,  dK += dSᵀ·Q  (A operands straight from the accumulators)
 //       dSᵀ -> shared memory (two buffers: one barrier per step);  dQ_i += dS·K  (warps
-//       split the kBlockM × d tile) through 16-byte fp32 reductions into the workspace
+//       split the kBlockM × d tile) through 8-byte fp32 reductions into the workspace
 //       accumulator, or, deterministic, the same adds taken in key-block order behind a
 //       per-(batch, head, query block) counter.
 //     Computing the transposed products (keys as the mma's M) is what lets P and dS feed
@@ -251,19 +251,16 @@ __device__ __forceinline__ float logit_and_derivative(const LogitsTransform<floa
   }
 }
 
-// Adds v to the four fp32 at `to` (16-byte aligned): one vector reduction on sm_90 (one
-// instruction where scalar adds take four), four atomics before it. Either way each element
+// Adds v to the two fp32 at `to` (8-byte aligned): one vector reduction on sm_90 (one
+// instruction where scalar adds take two), two atomics before it. Either way each element
 // gets one add, so deterministic mode's fixed order is unchanged.
-__device__ __forceinline__ void atomic_add_quad(float* to, float4 v) {
+__device__ __forceinline__ void atomic_add_pair(float* to, float2 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(to), "f"(v.x),
-               "f"(v.y), "f"(v.z), "f"(v.w)
+  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(to), "f"(v.x), "f"(v.y)
                : "memory");
 #else
   atomicAdd(to, v.x);
   atomicAdd(to + 1, v.y);
-  atomicAdd(to + 2, v.z);
-  atomicAdd(to + 3, v.w);
 #endif
 }
 
@@ -567,23 +564,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       }
       __syncthreads();
     }
-    // Lanes t and t^1 swap half their tile so that each holds four consecutive columns of
-    // one row (even t: row g, columns 2t..2t+3; odd t: row g+8, columns 2t-2..2t+1), added
-    // with one 16-byte reduction per 8-column tile (aligned: the accumulator starts 256-byte
-    // aligned and its rows and heads are multiples of kHeadDim floats, columns of 4).
-    const bool upper = (t & 1) != 0;
-    const int dq_row = row0 + dq_mtile * 16 + g + (upper ? 8 : 0);
-    float* const dq_acc = dq_row < seq.seqlen_q
-                              ? ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row, h) + dq_col0 +
-                                    4 * (t / 2)
-                              : nullptr;
+    // Each lane adds its two column pairs of every 8-column tile (rows g and g+8, columns
+    // 2t, 2t+1) with one 8-byte reduction each: twice the requests of 16-byte ones, but no
+    // shuffles to gather four columns (aligned: the accumulator starts 256-byte aligned, its
+    // rows and heads are multiples of kHeadDim floats, the columns even).
+    const int dq_row_lo = row0 + dq_mtile * 16 + g, dq_row_hi = dq_row_lo + 8;
+    float* const dq_lo = dq_row_lo < seq.seqlen_q
+                             ? ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_lo, h) +
+                                   dq_col0 + 2 * t
+                             : nullptr;
+    float* const dq_hi = dq_row_hi < seq.seqlen_q
+                             ? ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_hi, h) +
+                                   dq_col0 + 2 * t
+                             : nullptr;
 #pragma unroll
     for (int dt = 0; dt < Cfg::kDqDTiles; ++dt) {
-      const float got0 = __shfl_xor_sync(0xffffffffu, upper ? dq[dt][0] : dq[dt][2], 1);
-      const float got1 = __shfl_xor_sync(0xffffffffu, upper ? dq[dt][1] : dq[dt][3], 1);
-      const float4 quad = upper ? make_float4(got0, got1, dq[dt][2], dq[dt][3])
-                                : make_float4(dq[dt][0], dq[dt][1], got0, got1);
-      if (dq_acc != nullptr) atomic_add_quad(dq_acc + dt * 8, quad);
+      if (dq_lo != nullptr) atomic_add_pair(dq_lo + dt * 8, make_float2(dq[dt][0], dq[dt][1]));
+      if (dq_hi != nullptr) atomic_add_pair(dq_hi + dt * 8, make_float2(dq[dt][2], dq[dt][3]));
     }
     if (bp.deterministic) {
       __syncthreads();  // every thread's adds are issued ...
