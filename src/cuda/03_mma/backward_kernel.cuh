@@ -9,8 +9,9 @@
 //     dV rows in fp32 registers. The CTA walks the query heads of its kv head's group (GQA:
 //     the group's sum is formed in registers, no partials, no reduction pass, deterministic
 //     by construction) and, per head, the query blocks query_blocks() names (the mask is
-//     evaluated only where needs_mask says). Per (query block, key block):
-//       Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   (each warp: its 16 keys × kBlockM rows, warp-local)
+//     evaluated only where needs_mask says). Per (query block, key block), in chunks of
+//     kChunkRows query rows:
+//       Sᵀ = K·Qᵀ and dPᵀ − D = V·dOᵀ − D   (each warp: its 16 keys × the chunk's rows)
 //       Pᵀ = exp2(logit·log2e − lse·log2e),  dSᵀ = Pᵀ∘(dPᵀ − D)∘∂logit/∂qk
 //       dV += Pᵀ·dO,  dK += dSᵀ·Q  (A operands straight from the accumulators)
 //       dSᵀ -> shared memory (two buffers: one barrier per step);  dQ_i += dS·K  (warps
@@ -52,7 +53,8 @@ namespace flashtile::detail::mma {
 //   kNWarps   : warps per CTA; each owns 16 keys, so a CTA holds kBlockN = 16·kNWarps keys
 //   kMinBlocks: CTAs per SM asked of the register allocator
 //   kChunkRows: query rows of Sᵀ and dPᵀ a warp holds at once (a step walks kBlockM /
-//               kChunkRows chunks; fewer rows leave registers, more re-read K and V less)
+//               kChunkRows chunks): fewer rows free registers, more rows read the K and V
+//               fragments fewer times
 template <int kHeadDim_, int kBlockM_, int kNWarps_, int kMinBlocks_, int kChunkRows_ = kBlockM_>
 struct MmaBackwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
