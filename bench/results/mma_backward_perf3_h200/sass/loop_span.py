@@ -1,3 +1,5 @@
+"""The main loop of one kernel's SASS: the backward branch that spans every HMMA, its length
+in instructions and its instruction mix. Usage: loop_span.py FILE.sass REGEX (as sass_stats.py)."""
 import re, sys, collections
 text = open(sys.argv[1]).read()
 f = [x for x in re.split(r"\n\s*Function : ", text)[1:] if re.search(sys.argv[2], x.split("\n",1)[0])][0]

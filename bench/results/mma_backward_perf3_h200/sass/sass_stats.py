@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Static counts of one kernel's SASS (cuobjdump -sass output on stdin or a file):
-instruction mix (HMMA, LDSM, REDG/ATOMG, SHFL, LDL/STL, BAR) and, for each LDSM, the number
-of instructions until the first instruction reading one of its destination registers."""
+"""Static counts of one kernel's SASS: instruction mix (HMMA, LDSM, REDG/ATOMG, SHFL,
+LDL/STL, BAR...) and, for each LDSM, the number of instructions until the first one that
+reads one of its destination registers.
+Usage: sass_stats.py FILE.sass REGEX   (FILE from `cuobjdump -sass x.o`; REGEX picks the
+mangled kernel name, e.g. 'bfloat16NS1_17MmaBackwardTraitsILi128EEENS0_11LogitsFlagsILb0ELb0EEELb1E')"""
 import re, sys, collections
 text = open(sys.argv[1]).read()
 want = sys.argv[2]  # substring of the mangled kernel name

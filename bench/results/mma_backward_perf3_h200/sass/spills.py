@@ -1,3 +1,5 @@
+"""Local loads and stores (LDL/STL) in every mma_backward_kernel of the given SASS files.
+Usage: spills.py FILE.sass..."""
 import re, sys
 for fn in sys.argv[1:]:
     text = open(fn).read()
