@@ -212,24 +212,27 @@ TEST(CudaMmaBackward, EveryHeadDimTo128) {
 }
 
 // Deterministic mode: the dQ adds in key-block order give the same bits on every run (GQA
-// folds the group's heads in a fixed order; dsinks is a fixed-order sum in both modes).
+// folds the group's heads in a fixed order; dsinks is a fixed-order sum in both modes). Both
+// head dims: their query blocks differ (128 rows at d=64, 64 at d=128), and so do the
+// counters the key blocks wait on.
 TEST(CudaMmaBackward, DeterministicIsBitwiseEqualOver100Runs) {
   SKIP_WITHOUT_MMA_DEVICE();
-  for (bool causal : {false, true}) {
-    Shape s = shape_of(DType::bf16, 2, 700, 650, 4, 2, 128);
-    s.causal = causal;
-    s.sinks = true;
-    s.alibi = !causal;
-    BackwardCase c(s);
-    DeviceBackward d(c);
-    d.run(c, /*deterministic=*/true);
-    ASSERT_TRUE(testing::gradients_match(c));
-    const std::vector<unsigned char> first = c.bytes();
-    for (int run = 1; run < 100; ++run) {
-      d.run(c, true);
-      ASSERT_EQ(c.bytes(), first) << "causal " << causal << " run " << run;
+  for (int64_t head_dim : {64, 128})
+    for (bool causal : {false, true}) {
+      Shape s = shape_of(DType::bf16, 2, 700, 650, 4, 2, head_dim);
+      s.causal = causal;
+      s.sinks = true;
+      s.alibi = !causal;
+      BackwardCase c(s);
+      DeviceBackward d(c);
+      d.run(c, /*deterministic=*/true);
+      ASSERT_TRUE(testing::gradients_match(c));
+      const std::vector<unsigned char> first = c.bytes();
+      for (int run = 1; run < 100; ++run) {
+        d.run(c, true);
+        ASSERT_EQ(c.bytes(), first) << "d " << head_dim << " causal " << causal << " run " << run;
+      }
     }
-  }
 }
 
 // The atomic mode's dQ adds come in any order: each run stays within the rule.

@@ -9,12 +9,13 @@
 //     dV rows in fp32 registers. The CTA walks the query heads of its kv head's group (GQA:
 //     the group's sum is formed in registers, no partials, no reduction pass, deterministic
 //     by construction) and, per head, the query blocks query_blocks() names (the mask is
-//     evaluated only where needs_mask says). Per (query block, key block):
-//       Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   (each warp: its 16 keys × kBlockM rows, warp-local)
+//     evaluated only where needs_mask says). Per (query block, key block), in chunks of
+//     kChunkRows query rows:
+//       Sᵀ = K·Qᵀ and dPᵀ − D = V·dOᵀ − D   (each warp: its 16 keys × the chunk's rows)
 //       Pᵀ = exp2(logit·log2e − lse·log2e),  dSᵀ = Pᵀ∘(dPᵀ − D)∘∂logit/∂qk
 //       dV += Pᵀ·dO,  dK += dSᵀ·Q  (A operands straight from the accumulators)
 //       dSᵀ -> shared memory (two buffers: one barrier per step);  dQ_i += dS·K  (warps
-//       split the kBlockM × d tile) through 16-byte fp32 reductions into the workspace
+//       split the kBlockM × d tile) through 8-byte fp32 reductions into the workspace
 //       accumulator, or, deterministic, the same adds taken in key-block order behind a
 //       per-(batch, head, query block) counter.
 //     Computing the transposed products (keys as the mma's M) is what lets P and dS feed
@@ -51,19 +52,22 @@ namespace flashtile::detail::mma {
 //   kBlockM   : query rows per step of the loop
 //   kNWarps   : warps per CTA; each owns 16 keys, so a CTA holds kBlockN = 16·kNWarps keys
 //   kMinBlocks: CTAs per SM asked of the register allocator
-template <int kHeadDim_, int kBlockM_, int kNWarps_, int kMinBlocks_>
+//   kChunkRows: query rows of Sᵀ and dPᵀ a warp holds at once (a step walks kBlockM /
+//               kChunkRows chunks): fewer rows free registers, more rows read the K and V
+//               fragments fewer times
+template <int kHeadDim_, int kBlockM_, int kNWarps_, int kMinBlocks_, int kChunkRows_ = kBlockM_>
 struct MmaBackwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kNWarps = kNWarps_;
   static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr int kChunkRows = kChunkRows_;
+  static constexpr int kChunks = kBlockM / kChunkRows;
   static constexpr int kBlockN = 16 * kNWarps;
   static constexpr int kThreads = 32 * kNWarps;
 
   static constexpr int kKSteps = kHeadDim / 16;  // k-steps of K·Qᵀ and V·dOᵀ
   static constexpr int kDTiles = kHeadDim / 8;   // 8-column tiles of dK, dV
-  static constexpr int kQTiles = kBlockM / 8;    // 8-row n-tiles of Sᵀ (over query rows)
-  static constexpr int kQSteps = kBlockM / 16;   // k-steps of Pᵀ·dO and dSᵀ·Q
   static constexpr int kKeySteps = kBlockN / 16;  // k-steps of dS·K
   // dQ = dS·K: warp w takes m-tile w % kDqMTiles and column group w / kDqMTiles.
   static constexpr int kDqMTiles = kBlockM / 16;
@@ -93,6 +97,8 @@ struct MmaBackwardConfig {
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 128,
                 "backward head dim: a multiple of 16, <= 128 (dK and dV live in registers)");
   static_assert(kBlockM % 64 == 0, "dSᵀ rows are whole groups of 8 swizzled chunks");
+  static_assert(kChunkRows % 16 == 0 && kBlockM % kChunkRows == 0,
+                "a chunk is whole k-steps of Pᵀ·dO, and the block whole chunks");
   static_assert(kNWarps % kDqMTiles == 0, "the warps split dQ's m-tiles evenly");
   static_assert(kDTiles % (2 * kDqGroups) == 0, "each warp's dQ columns are whole d-tile pairs");
   static_assert(kThreads >= kBlockM, "one thread stages each query row's lse and D");
@@ -247,19 +253,16 @@ __device__ __forceinline__ float logit_and_derivative(const LogitsTransform<floa
   }
 }
 
-// Adds v to the four fp32 at `to` (16-byte aligned): one vector reduction on sm_90 (one
-// instruction where scalar adds take four), four atomics before it. Either way each element
+// Adds v to the two fp32 at `to` (8-byte aligned): one vector reduction on sm_90 (one
+// instruction where scalar adds take two), two atomics before it. Either way each element
 // gets one add, so deterministic mode's fixed order is unchanged.
-__device__ __forceinline__ void atomic_add_quad(float* to, float4 v) {
+__device__ __forceinline__ void atomic_add_pair(float* to, float2 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(to), "f"(v.x),
-               "f"(v.y), "f"(v.z), "f"(v.w)
+  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(to), "f"(v.x), "f"(v.y)
                : "memory");
 #else
   atomicAdd(to, v.x);
   atomicAdd(to + 1, v.y);
-  atomicAdd(to + 2, v.z);
-  atomicAdd(to + 3, v.w);
 #endif
 }
 
@@ -267,8 +270,8 @@ template <class T, class Cfg, class Logits, bool kAligned>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     mma_backward_kernel(const BackwardParams bp, const BackwardScratch ws) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kRowBytes = Cfg::kRowBytes;
-  constexpr int kKSteps = Cfg::kKSteps, kDTiles = Cfg::kDTiles, kQTiles = Cfg::kQTiles;
-  constexpr int kQSteps = Cfg::kQSteps;
+  constexpr int kKSteps = Cfg::kKSteps, kDTiles = Cfg::kDTiles;
+  constexpr int kChunkRows = Cfg::kChunkRows, kChunkTiles = Cfg::kChunkRows / 8;
   constexpr int kDsRowBytes = Cfg::kDsRowChunks * 16;
   constexpr float kLog2e = 1.4426950408889634f;
   const AttentionParams& p = bp.fwd;
@@ -412,91 +415,121 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const uint32_t ds_at = Cfg::kDsOffset + stage * Cfg::kDsBytes;
     const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
 
-    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: (16 keys, kBlockM rows) per warp, raw scores.
-    float st[kQTiles][4], dpt[kQTiles][4];
-    zero_accumulators(st, dpt);
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      uint32_t ak[4], av[4];
-      ptx::ldmatrix_x4(ak, smem_k + a_lane + a_cols(ks));
-      ptx::ldmatrix_x4(av, smem_v + a_lane + a_cols(ks));
-#pragma unroll
-      for (int np = 0; np < kQTiles / 2; ++np) {
-        const uint32_t row_off = (bn_lane_row + np * 16) * kRowBytes + bn_cols(ks);
-        uint32_t qb[4], dob[4];
-        ptx::ldmatrix_x4(qb, smem_q + row_off);
-        ptx::ldmatrix_x4(dob, smem_do + row_off);
-        ptx::mma_m16n8k16<T>(st[2 * np], ak, qb[0], qb[1]);
-        ptx::mma_m16n8k16<T>(st[2 * np + 1], ak, qb[2], qb[3]);
-        ptx::mma_m16n8k16<T>(dpt[2 * np], av, dob[0], dob[1]);
-        ptx::mma_m16n8k16<T>(dpt[2 * np + 1], av, dob[2], dob[3]);
-      }
-    }
-
-    // Pᵀ and dSᵀ in place of Sᵀ and dPᵀ. Element (nt, 2·half + e) is key
-    // key0 + warp_key0 + g + 8·half and query row row0 + nt·8 + 2t + e.
-    const bool masked = partial_keys || blocks.needs_mask(m_block);
     const float* lse_row = smem_lse + stage * kBlockM;
     const float* d_row = smem_d + stage * kBlockM;
+    const bool masked = partial_keys || blocks.needs_mask(m_block);
+    // The query block in chunks of kChunkRows rows: each warp holds Sᵀ and dPᵀ of one chunk
+    // at a time (its dV, dK take the rest of the registers), at the price of reading its
+    // K and V fragments once per chunk.
 #pragma unroll
-    for (int nt = 0; nt < kQTiles; ++nt) {
-      const float2 lse2 = *reinterpret_cast<const float2*>(lse_row + nt * 8 + 2 * t);
-      const float2 dd = *reinterpret_cast<const float2*>(d_row + nt * 8 + 2 * t);
+    for (int chunk = 0; chunk < Cfg::kChunks; ++chunk) {
+      const int chunk_row0 = chunk * kChunkRows;  // first row of the chunk in the block
+      // Sᵀ = K·Qᵀ and dPᵀ − D = V·dOᵀ − D: (16 keys, kChunkRows rows) per warp, raw scores.
+      // The dPᵀ accumulator starts at −D_i of its column's row, so dS needs no D of its own.
+      float st[kChunkTiles][4], dpt[kChunkTiles][4];
+      zero_accumulator(st);
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
+      for (int nt = 0; nt < kChunkTiles; ++nt) {
+        const float2 dd = *reinterpret_cast<const float2*>(d_row + chunk_row0 + nt * 8 + 2 * t);
+        dpt[nt][0] = dpt[nt][2] = -dd.x;
+        dpt[nt][1] = dpt[nt][3] = -dd.y;
+      }
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = key0 + warp_key0 + g + 8 * half;
-          const int row = row0 + nt * 8 + 2 * t + e;
-          float& x = st[nt][2 * half + e];
-          float& dp = dpt[nt][2 * half + e];
-          const float lse_log2 = e == 0 ? lse2.x : lse2.y;
-          float derivative;
-          float prob;
-          if constexpr (Logits::kPlain) {
-            derivative = logits.scaled_derivative<false>(x);
-            prob = ptx::exp2_approx(fmaf(x, scale_log2, -lse_log2));
-          } else {
-            const float logit = logit_and_derivative<Logits>(logits, x, mask, row, key, derivative);
-            prob = ptx::exp2_approx(fmaf(logit, kLog2e, -lse_log2));
-          }
-          if (masked && !mask.visible(row, key)) prob = 0.0f;
-          x = prob;
-          dp = prob * (dp - (e == 0 ? dd.x : dd.y)) * derivative;
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        uint32_t ak[4], av[4];
+        ptx::ldmatrix_x4(ak, smem_k + a_lane + a_cols(ks));
+        ptx::ldmatrix_x4(av, smem_v + a_lane + a_cols(ks));
+#pragma unroll
+        for (int np = 0; np < kChunkTiles / 2; ++np) {
+          const uint32_t row_off =
+              (bn_lane_row + chunk_row0 + np * 16) * kRowBytes + bn_cols(ks);
+          uint32_t qb[4], dob[4];
+          ptx::ldmatrix_x4(qb, smem_q + row_off);
+          ptx::ldmatrix_x4(dob, smem_do + row_off);
+          ptx::mma_m16n8k16<T>(st[2 * np], ak, qb[0], qb[1]);
+          ptx::mma_m16n8k16<T>(st[2 * np + 1], ak, qb[2], qb[3]);
+          ptx::mma_m16n8k16<T>(dpt[2 * np], av, dob[0], dob[1]);
+          ptx::mma_m16n8k16<T>(dpt[2 * np + 1], av, dob[2], dob[3]);
         }
-    }
+      }
 
-    // dV += Pᵀ·dO and dK += dSᵀ·Q: the A fragment of k-step kk is n-tiles 2kk, 2kk+1 of
-    // the accumulators (as the forward's P·V). dSᵀ also goes to shared memory for dQ.
+      // Pᵀ and dSᵀ in place of Sᵀ and dPᵀ. Element (nt, 2·half + e) is key
+      // key0 + warp_key0 + g + 8·half and query row row0 + chunk_row0 + nt·8 + 2t + e.
+      // Two copies behind one uniform branch: in the unmasked one (every step off the
+      // mask's edges) the exp2 of the chunk are one basic block that ptxas can overlap;
+      // a test per element would cut it into a block per element.
+      auto probabilities_and_ds = [&](auto masked_tag) {
+        constexpr bool kMasked = decltype(masked_tag)::value;
 #pragma unroll
-    for (int kk = 0; kk < kQSteps; ++kk) {
-      uint32_t pa[4], dsa[4];
-      pa[0] = ptx::pack2<T>(st[2 * kk][0], st[2 * kk][1]);
-      pa[1] = ptx::pack2<T>(st[2 * kk][2], st[2 * kk][3]);
-      pa[2] = ptx::pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]);
-      pa[3] = ptx::pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3]);
-      dsa[0] = ptx::pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]);
-      dsa[1] = ptx::pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]);
-      dsa[2] = ptx::pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
-      dsa[3] = ptx::pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
-      // dSᵀ rows g and g+8 of this warp's keys, row chunks 2kk and 2kk+1 (conflict-free:
-      // the quad writes one 16-byte chunk, the 8 rows 8 distinct ones).
-      const int key_row = warp_key0 + g;
-      unsigned char* ds_bytes = smem + ds_at;
-      *reinterpret_cast<uint32_t*>(ds_bytes + swizzle<DsTile<Cfg>>(key_row, 2 * kk) + 4 * t) = dsa[0];
-      *reinterpret_cast<uint32_t*>(ds_bytes + swizzle<DsTile<Cfg>>(key_row + 8, 2 * kk) + 4 * t) = dsa[1];
-      *reinterpret_cast<uint32_t*>(ds_bytes + swizzle<DsTile<Cfg>>(key_row, 2 * kk + 1) + 4 * t) = dsa[2];
-      *reinterpret_cast<uint32_t*>(ds_bytes + swizzle<DsTile<Cfg>>(key_row + 8, 2 * kk + 1) + 4 * t) = dsa[3];
+        for (int nt = 0; nt < kChunkTiles; ++nt) {
+          const float2 lse2 =
+              *reinterpret_cast<const float2*>(lse_row + chunk_row0 + nt * 8 + 2 * t);
 #pragma unroll
-      for (int dp = 0; dp < kDTiles / 2; ++dp) {
-        const uint32_t off = (bk_lane_row + kk * 16) * kRowBytes + bk_cols(dp);
-        uint32_t dob[4], qb[4];
-        ptx::ldmatrix_x4_trans(dob, smem_do + off);
-        ptx::ldmatrix_x4_trans(qb, smem_q + off);
-        ptx::mma_m16n8k16<T>(dv[2 * dp], pa, dob[0], dob[1]);
-        ptx::mma_m16n8k16<T>(dv[2 * dp + 1], pa, dob[2], dob[3]);
-        ptx::mma_m16n8k16<T>(dk[2 * dp], dsa, qb[0], qb[1]);
-        ptx::mma_m16n8k16<T>(dk[2 * dp + 1], dsa, qb[2], qb[3]);
+          for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int key = key0 + warp_key0 + g + 8 * half;
+              const int row = row0 + chunk_row0 + nt * 8 + 2 * t + e;
+              float& x = st[nt][2 * half + e];
+              float& dp = dpt[nt][2 * half + e];
+              const float lse_log2 = e == 0 ? lse2.x : lse2.y;
+              float derivative;
+              float prob;
+              if constexpr (Logits::kPlain) {
+                derivative = logits.scaled_derivative<false>(x);
+                prob = ptx::exp2_approx(fmaf(x, scale_log2, -lse_log2));
+              } else {
+                const float logit =
+                    logit_and_derivative<Logits>(logits, x, mask, row, key, derivative);
+                prob = ptx::exp2_approx(fmaf(logit, kLog2e, -lse_log2));
+              }
+              if constexpr (kMasked) {
+                if (!mask.visible(row, key)) prob = 0.0f;
+              }
+              x = prob;
+              dp = prob * dp * derivative;  // dp holds dP − D
+            }
+        }
+      };
+      if (masked)
+        probabilities_and_ds(std::true_type{});
+      else
+        probabilities_and_ds(std::false_type{});
+
+      // dV += Pᵀ·dO and dK += dSᵀ·Q over the chunk's rows: the A fragment of k-step kk is
+      // n-tiles 2kk, 2kk+1 of the accumulators (as the forward's P·V). dSᵀ also goes to
+      // shared memory for dQ.
+#pragma unroll
+      for (int kk = 0; kk < kChunkTiles / 2; ++kk) {
+        const int q_step = chunk * (kChunkTiles / 2) + kk;  // k-step in the whole block
+        uint32_t pa[4], dsa[4];
+        pa[0] = ptx::pack2<T>(st[2 * kk][0], st[2 * kk][1]);
+        pa[1] = ptx::pack2<T>(st[2 * kk][2], st[2 * kk][3]);
+        pa[2] = ptx::pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+        pa[3] = ptx::pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+        dsa[0] = ptx::pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]);
+        dsa[1] = ptx::pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]);
+        dsa[2] = ptx::pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+        dsa[3] = ptx::pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+        // dSᵀ rows g and g+8 of this warp's keys, row chunks 2·q_step and 2·q_step+1
+        // (conflict-free: the quad writes one 16-byte chunk, the 8 rows 8 distinct ones).
+        const int key_row = warp_key0 + g;
+        unsigned char* ds_bytes = smem + ds_at;
+        *reinterpret_cast<uint32_t*>(ds_bytes + swizzle<DsTile<Cfg>>(key_row, 2 * q_step) + 4 * t) = dsa[0];
+        *reinterpret_cast<uint32_t*>(ds_bytes + swizzle<DsTile<Cfg>>(key_row + 8, 2 * q_step) + 4 * t) = dsa[1];
+        *reinterpret_cast<uint32_t*>(ds_bytes + swizzle<DsTile<Cfg>>(key_row, 2 * q_step + 1) + 4 * t) = dsa[2];
+        *reinterpret_cast<uint32_t*>(ds_bytes + swizzle<DsTile<Cfg>>(key_row + 8, 2 * q_step + 1) + 4 * t) = dsa[3];
+#pragma unroll
+        for (int dp = 0; dp < kDTiles / 2; ++dp) {
+          const uint32_t off = (bk_lane_row + q_step * 16) * kRowBytes + bk_cols(dp);
+          uint32_t dob[4], qb[4];
+          ptx::ldmatrix_x4_trans(dob, smem_do + off);
+          ptx::ldmatrix_x4_trans(qb, smem_q + off);
+          ptx::mma_m16n8k16<T>(dv[2 * dp], pa, dob[0], dob[1]);
+          ptx::mma_m16n8k16<T>(dv[2 * dp + 1], pa, dob[2], dob[3]);
+          ptx::mma_m16n8k16<T>(dk[2 * dp], dsa, qb[0], qb[1]);
+          ptx::mma_m16n8k16<T>(dk[2 * dp + 1], dsa, qb[2], qb[3]);
+        }
       }
     }
     stage_row_stats(s + 1, next_lse_log2, next_d);
@@ -533,23 +566,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       }
       __syncthreads();
     }
-    // Lanes t and t^1 swap half their tile so that each holds four consecutive columns of
-    // one row (even t: row g, columns 2t..2t+3; odd t: row g+8, columns 2t-2..2t+1), added
-    // with one 16-byte reduction per 8-column tile (aligned: the accumulator starts 256-byte
-    // aligned and its rows and heads are multiples of kHeadDim floats, columns of 4).
-    const bool upper = (t & 1) != 0;
-    const int dq_row = row0 + dq_mtile * 16 + g + (upper ? 8 : 0);
-    float* const dq_acc = dq_row < seq.seqlen_q
-                              ? ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row, h) + dq_col0 +
-                                    4 * (t / 2)
-                              : nullptr;
+    // Each lane adds its two column pairs of every 8-column tile (rows g and g+8, columns
+    // 2t, 2t+1) with one 8-byte reduction each: twice the requests of 16-byte ones, but no
+    // shuffles to gather four columns (aligned: the accumulator starts 256-byte aligned, its
+    // rows and heads are multiples of kHeadDim floats, the columns even).
+    const int dq_row_lo = row0 + dq_mtile * 16 + g, dq_row_hi = dq_row_lo + 8;
+    float* const dq_lo = dq_row_lo < seq.seqlen_q
+                             ? ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_lo, h) +
+                                   dq_col0 + 2 * t
+                             : nullptr;
+    float* const dq_hi = dq_row_hi < seq.seqlen_q
+                             ? ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_hi, h) +
+                                   dq_col0 + 2 * t
+                             : nullptr;
 #pragma unroll
     for (int dt = 0; dt < Cfg::kDqDTiles; ++dt) {
-      const float got0 = __shfl_xor_sync(0xffffffffu, upper ? dq[dt][0] : dq[dt][2], 1);
-      const float got1 = __shfl_xor_sync(0xffffffffu, upper ? dq[dt][1] : dq[dt][3], 1);
-      const float4 quad = upper ? make_float4(got0, got1, dq[dt][2], dq[dt][3])
-                                : make_float4(dq[dt][0], dq[dt][1], got0, got1);
-      if (dq_acc != nullptr) atomic_add_quad(dq_acc + dt * 8, quad);
+      if (dq_lo != nullptr) atomic_add_pair(dq_lo + dt * 8, make_float2(dq[dt][0], dq[dt][1]));
+      if (dq_hi != nullptr) atomic_add_pair(dq_hi + dt * 8, make_float2(dq[dt][2], dq[dt][3]));
     }
     if (bp.deterministic) {
       __syncthreads();  // every thread's adds are issued ...

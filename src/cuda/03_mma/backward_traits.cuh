@@ -1,6 +1,6 @@
 // Tile sizes of the cuda_mma backward (backward_kernel.cuh), one configuration per
 // specialised head dim; any head dim 1..128 runs zero-padded on the next one up.
-// MmaBackwardConfig<kHeadDim, kBlockM, kNWarps (16 keys each), kMinBlocks>.
+// MmaBackwardConfig<kHeadDim, kBlockM, kNWarps (16 keys each), kMinBlocks, kChunkRows>.
 // Larger head dims are refused: dK and dV of a warp's 16 keys live in 2·kHeadDim/2
 // fp32 registers per thread, which at 256 leaves nothing for S and dP.
 #pragma once
@@ -13,23 +13,37 @@ inline constexpr int kBackwardHeadDims[] = {64, 128};
 
 template <int kHeadDim>
 struct MmaBackwardTraits;
-// Both head dims: 128 keys (8 warps of 16) x 64 query rows per step, one CTA per SM (97 KB
-// / 161 KB of shared memory at d=64 / 128, <= 255 registers). Against the first
-// configuration, <D, 64, 4, 2> (64 keys, two CTAs per SM), it loads Q and dO and adds dQ
-// half as often per key. TFLOP/s of the backward (H200, bf16, non-causal, seqlen 1k / 4k /
-// 16k; docs/JOURNEY.md "Step 3b"):
+// Both head dims: 128 keys (8 warps of 16) per CTA, one CTA per SM (<= 255 registers);
+// 64 query rows per step at d=128 (161 KB of shared memory), 128 at d=64 (162 KB). Against
+// the first configuration, <D, 64, 4, 2> (64 keys, two CTAs per SM), it loads Q and dO and
+// adds dQ half as often per key. TFLOP/s of the backward (H200, bf16, non-causal, seqlen
+// 1k / 4k / 16k; docs/JOURNEY.md "Step 3b"):
 //                                            d=64                   d=128
 //   <D, 64, 4, 2>, first kernel (1)   90.5 /  99.5 / 103.2    87.5 / 102.8 / 110.2
 //   <D, 64, 8, 1>, first kernel (1)  114.7 / 122.9 / 129.3   133.0 / 150.3 / 157.5
 //   <D, 64, 8, 1>, first kernel (2)  112.2 / 123.5 / 129.7   132.8 / 148.7 / 156.3
-//   <D, 64, 8, 1>, today's (2)       151.0 / 185.1 / 194.4   176.6 / 203.0 / 215.1
-// (1) one call, first session; (2) one call, second session. Today's kernel adds dQ with
-// 16-byte reductions and takes one barrier per step; the 4-warp shape was not re-timed
-// with it.
+//   <D, 64, 8, 1>, second kernel (2) 151.0 / 185.1 / 194.4   176.6 / 203.0 / 215.1
+//   the same, re-timed (3)           149.2 / 183.1 / 194.0   169.4 / 201.7 / 214.2
+//   today's (3)                      181.6 / 229.0 / 246.5   178.6 / 228.6 / 241.9
+// (1) one call, first session; (2) one call, second session (dQ by 16-byte reductions, one
+// barrier per step); (3) one call, third session: chunks, dPᵀ from −D, the unmasked P/dS
+// copy, 8-byte reductions, d=64 at 128 rows. The 4-warp shape was not re-timed since (1).
+// d=64 takes 128 query rows per step (FlashAttention-2's d=64 tile, 128 x 128) in two chunks
+// of 64: the registers of d=128's chunks (Sᵀ and dPᵀ 64, dK and dV 64 a thread), half the
+// steps per key block, so half the barriers, row-stat stagings, Q/dO issues and step
+// bookkeeping per FLOP (162 KB of shared memory; no local loads or stores in any kernel).
+// Alone (before the unmasked P/dS copy) it measured 0.94x / 0.96x of 64 rows at 4k
+// (non-causal / causal); 128 against 64 rows was not re-measured on today's kernel.
 template <>
-struct MmaBackwardTraits<64> : MmaBackwardConfig<64, 64, 8, 1> {};
+struct MmaBackwardTraits<64> : MmaBackwardConfig<64, 128, 8, 1, 64> {};
+// d=128 walks each step's 64 rows in two chunks of 32 (Sᵀ and dPᵀ 32 registers a thread,
+// not 64; K and V fragments read twice, 200 LDSM a step instead of 184). Local loads /
+// stores in cuobjdump -sass (sm_90a, bf16 and fp16 alike), the second session's kernel ->
+// today's: plain 0/0 -> 0/0, softcap 18/22 -> 1/3, ALiBi 18/21 -> 0/0, both 3/5 -> 1/3, the
+// narrow path's kernel 8/9 -> 11/11. Alone (before the unmasked P/dS copy), the chunks
+// measured 0.98-0.99x of one chunk at 4k (d=128, causal and not; Step 3b, third session).
 template <>
-struct MmaBackwardTraits<128> : MmaBackwardConfig<128, 64, 8, 1> {};
+struct MmaBackwardTraits<128> : MmaBackwardConfig<128, 64, 8, 1, 32> {};
 
 // The smallest backward head dim that holds head_dim (0 when none does).
 constexpr int backward_head_dim(int64_t head_dim) {
