@@ -49,6 +49,7 @@ if [ "$phase" != rest ] && [ "${SUITES:-1}" != 0 ]; then
   step cuda_mma_tests $build/tests/flashtile_cuda_mma_tests
   step cuda_sm90_tests $build/tests/flashtile_cuda_sm90_tests
   step cuda_tf32x3_tests $build/tests/flashtile_cuda_tf32x3_tests
+  step cuda_tf32x3_sm90_tests $build/tests/flashtile_cuda_tf32x3_sm90_tests
   # The backward's full grid (1023/1025 lengths) spends minutes in the host oracle: the small
   # grid unless BACKWARD_FULL_GRID is set.
   if [ -n "${BACKWARD_FULL_GRID:-}" ]; then
@@ -65,9 +66,12 @@ if [ "$phase" != rest ] && [ "${SANITIZERS:-1}" != 0 ]; then
   # the refusals; racecheck on the kernels that share memory between warps.
   mma_subset="Dtypes/CudaMmaGrid.VariantsMatchOracle/bfloat16:Dtypes/CudaMmaGrid.VarlenMatchesOracle/bfloat16"
   mma_subset+=":CudaMma.EveryHeadDim*:CudaMma.Misaligned*:CudaMma.Refuses*:Dtypes/CudaMmaGrid.MatchesOracle/float16"
+  mma_subset+=":CudaMma.WindowSchedule*"
   sm90_subset="Sm90Pieces.*:Dtypes/CudaSm90Grid.EveryPipelineMatchesOracle/bfloat16:CudaSm90.ScaleOfAnySign:CudaSm90.Refuses*"
-  sm90_subset+=":Dtypes/CudaSm90Grid.BlocksThatSeeNoKeyWriteZerosOnEveryRun/float16"
+  sm90_subset+=":Dtypes/CudaSm90Grid.BlocksThatSeeNoKeyWriteZerosOnEveryRun/float16:CudaSm90BlockM192.*"
   tf32x3_subset="CudaTf32x3.EveryHeadDim*:CudaTf32x3.Misaligned*:CudaTf32x3.SplitKv*:CudaTf32x3.Refusals*"
+  tf32x3_subset+=":CudaTf32x3.EverySplitCount*:CudaTf32x3.ArrivalCounters*:CudaTf32x3.Captured*"
+  tf32x3_sm90_subset="CudaTf32x3Sm90.VariantsMatchOracle:CudaTf32x3Sm90.VarlenMatchesOracle"
   backward_subset="Dtypes/CudaMmaBackwardGrid.VarlenMatchesOracle/bfloat16:CudaMmaBackward.EveryHeadDim*:CudaMmaBackward.Refuses*"
   LIMIT=${SAN_LIMIT:-90}
   FLASHTILE_SMALL_GRID=1 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
@@ -79,6 +83,8 @@ if [ "$phase" != rest ] && [ "${SANITIZERS:-1}" != 0 ]; then
       $build/tests/flashtile_cuda_sm90_tests --gtest_filter="$sm90_subset"
     FLASHTILE_SMALL_GRID=1 step ${tool}_tf32x3 compute-sanitizer --tool $tool --error-exitcode 1 \
       $build/tests/flashtile_cuda_tf32x3_tests --gtest_filter="$tf32x3_subset"
+    FLASHTILE_SMALL_GRID=1 step ${tool}_tf32x3_sm90 compute-sanitizer --tool $tool --error-exitcode 1 \
+      $build/tests/flashtile_cuda_tf32x3_sm90_tests --gtest_filter="$tf32x3_sm90_subset"
     FLASHTILE_SMALL_GRID=1 step ${tool}_mma_backward compute-sanitizer --tool $tool --error-exitcode 1 \
       $build/tests/flashtile_cuda_mma_backward_tests --gtest_filter="$backward_subset"
     # cuda_sm90's opt-in persistent pipeline (4.6): several items per CTA on every head dim.
