@@ -3,27 +3,19 @@
 //   call         CUDA events around flashtile::forward() after an L2 flush: what `flashtile
 //                bench` reports (the host's validation, plan and launches are inside it,
 //                since the GPU is idle when the start event is recorded)
-//   call, two launches  the same with FLASHTILE_TF32X3_MERGE=combine (forward + combine)
 //   host         the host's time inside forward(), to the return of its last launch
 //   gpu          the same call with a 200 us hold kernel in front, so that the events see
 //                the GPU's work alone (launch gaps included, host submission hidden)
 //   empty        an empty kernel the same way: one launch's floor on this GPU
-//   forward s=N  the forward kernel alone, N key splits, writing the partials only (hold in
-//                front; N = 1 writes out)
-//   one launch   the backend's split path: the forward whose last CTA of each tile merges
-//                the tile (arrival counters), at 8, 12 and --splits splits; minus forward
-//                s=N: the merge
-//   combine      the split-KV combine kernel alone, after a forward of --splits splits
-//   pair ...     forward + combine kernel (the path before the one launch), normal launch
-//                and programmatic dependent launch; then whether the one launch's out and
-//                lse are bitwise the pair's (the same weights and sums, by construction)
+//   forward s=N  the forward kernel alone, N key splits (hold in front; N = 1 writes out)
+//   combine      the split-KV combine alone, after a forward of --splits splits
+//   pair ...     forward + combine, normal launch and programmatic dependent launch
 //   host: ...    the host steps of one call on their own, each the mean of a batch of calls
 //                (median of 15 batches): the validator, plan() (validator, backend choice,
-//                split plan), the device guard (cudaGetDevice + two cudaSetDevice), the
-//                split path's cudaStreamIsCapturing, a
+//                split plan), the device guard (cudaGetDevice + two cudaSetDevice), a
 //                stream-ordered allocation and free of the partials from a pool like the
-//                backend's, and the submission of an empty kernel, of the one-launch
-//                forward (16 splits) and of the combine; what `host` adds up, step by step
+//                backend's, and the submission of an empty kernel, of the forward (16
+//                splits) and of the combine; what `host` above adds up, step by step
 // The per-split forward times give a CTA's fixed cost (intercept) and its cost per key tile
 // (slope: 32 key tiles per query block are shared among N splits).
 //
@@ -33,7 +25,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -133,9 +124,6 @@ int main(int argc, char** argv) {
               static_cast<long long>(planned.workspace_bytes), splits,
               static_cast<long long>(SplitPartials::bytes(query_blocks, splits, Cfg::kBlockM, Cfg::kHeadDim)));
   DeviceBuffer workspace(SplitPartials::bytes(query_blocks, detail::kMaxSplits, Cfg::kBlockM, Cfg::kHeadDim));
-  // The one launch's arrival counters: zeroed once, left at zero by every merged call.
-  DeviceBuffer arrivals(query_blocks * sizeof(uint32_t));
-  arrivals.fill_bytes(0);
   auto partials = [&](int n) {
     return SplitPartials::at(workspace.data(), query_blocks, n, Cfg::kBlockM, Cfg::kHeadDim, query_blocks);
   };
@@ -161,10 +149,6 @@ int main(int argc, char** argv) {
   };
   auto call = [&] { forward(tq, tk, tv, tout, o); };
   time_us("call", false, call);
-  // The same call through the two-launch path (forward, then the combine kernel), same process.
-  setenv("FLASHTILE_TF32X3_MERGE", "combine", 1);
-  time_us("call, two launches", false, call);
-  unsetenv("FLASHTILE_TF32X3_MERGE");
   {  // host submission time
     for (int i = 0; i < 20; ++i) call();
     std::vector<double> us;
@@ -191,30 +175,6 @@ int main(int argc, char** argv) {
   detail::tf32x3::SplitArgs args;
   args.splits = splits;
   args.partials = partials(splits);
-  detail::tf32x3::SplitArgs merged = args;
-  merged.partials.arrivals = static_cast<uint32_t*>(arrivals.data());
-  // The merge's cost against the split count (its reads grow with it, the forward's share
-  // falls): the one launch at 8 and 12 splits too.
-  for (int n : {8, 12}) {
-    if (n == splits) continue;
-    detail::tf32x3::SplitArgs fewer;
-    fewer.splits = n;
-    fewer.partials = partials(n);
-    fewer.partials.arrivals = static_cast<uint32_t*>(arrivals.data());
-    const std::string what = "one launch s=" + std::to_string(n);
-    time_us(what.c_str(), true, [&] { detail::tf32x3::run_tf32x3_forward<64>(p, fewer, precision, stream); });
-  }
-  const std::string one_launch = "one launch s=" + std::to_string(splits);
-  time_us(one_launch.c_str(), true, [&] { detail::tf32x3::run_tf32x3_forward<64>(p, merged, precision, stream); });
-  // Its results, bitwise, before the pair overwrites them.
-  auto results = [&] {
-    check(cudaDeviceSynchronize(), "results");
-    std::vector<unsigned char> bytes(elems * 4 + kN * 4);
-    out.copy_to_host(bytes.data(), elems * 4);
-    lse.copy_to_host(bytes.data() + elems * 4, kN * 4);
-    return bytes;
-  };
-  const std::vector<unsigned char> one_launch_results = results();
   detail::tf32x3::run_tf32x3_forward<64>(p, args, precision, stream);
   time_us("combine", true, [&] { detail::launch_split_kv_combine<float>(p, args.partials, stream); });
   for (bool overlap : {false, true})
@@ -222,9 +182,6 @@ int main(int argc, char** argv) {
       detail::tf32x3::run_tf32x3_forward<64>(p, args, precision, stream);
       detail::launch_split_kv_combine<float>(p, args.partials, stream, overlap);
     });
-  const bool same_bits = results() == one_launch_results;
-  std::printf("one launch == pair, bitwise: %s\n", same_bits ? "yes" : "NO");
-  rows.push_back({"one launch == pair (1 = bitwise)", same_bits ? 1.0 : 0.0});
   // The host steps, each timed over batches of calls with the GPU left to drain between
   // batches (a full launch queue would block the host and count the GPU's time instead).
   auto host_step_us = [&](const char* what, int batch, auto&& body) {
@@ -251,11 +208,6 @@ int main(int argc, char** argv) {
     kept_result = again.workspace_bytes;
   });
   host_step_us("host: device guard", 1000, [&] { const detail::DeviceGuard on_device(0); });
-  host_step_us("host: capture check", 1000, [&] {  // the split path's, before its launch
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    check(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
-    kept_result = status;
-  });
   {
     cudaMemPoolProps props = {};
     props.allocType = cudaMemAllocationTypePinned;
@@ -275,7 +227,7 @@ int main(int argc, char** argv) {
   }
   host_step_us("host: empty launch", 200, [&] { empty_kernel<<<1, 32, 0, stream>>>(); });
   host_step_us("host: forward launch", 20, [&] {
-    detail::tf32x3::run_tf32x3_forward<64>(p, merged, precision, stream);
+    detail::tf32x3::run_tf32x3_forward<64>(p, args, precision, stream);
   });
   host_step_us("host: combine launch", 20, [&] {
     detail::launch_split_kv_combine<float>(p, args.partials, stream, true);

@@ -1,26 +1,21 @@
 // cuda_tf32x3 as a backend: what it accepts (checked on the host, before anything runs), how
-// many key splits a call gets, its workspace, and its one launch (with split keys the last
-// CTA of each tile merges the tile's partials in the same launch, through an arrival counter).
+// many key splits a call gets, its workspace, and the two launches (forward, then the
+// split-KV combine when the keys are split, as a programmatic dependent launch on sm_90+).
 // The kernel and its journey note are in kernel.cuh.
 //
-// Four environment knobs, read per call (plan() and forward() agree on them):
+// Two environment knobs, read per call (plan() and forward() agree on them):
 //   FLASHTILE_TF32X3_SPLITS=N  pins the key splits to N (1 = never split; at most 16)
 //                              instead of choosing them from the SM count
 //   FLASHTILE_TF32X3_MODE=single  plain TF32 (one product, ~1e-3 relative error: it fails
 //                              the fp32 rule and is never the default); "split" = 3xTF32
 //   FLASHTILE_TF32X3_PATH=mma     the mma.sync kernel even where the wgmma one (step 2c,
 //                              sm_90a) would serve; "auto" (default) picks per call
-//   FLASHTILE_TF32X3_MERGE=combine  split keys merged by the combine kernel in a second
-//                              launch (the path before the one launch, kept for its A/B on
-//                              the H200; the same bits); "launch" (default) = in the forward
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
-#include <thread>
-#include <tuple>
 
 #include "cuda/05_tf32x3/kernel.cuh"
 #include "cuda/05_tf32x3/selection.hpp"
@@ -118,28 +113,13 @@ tf32x3::Precision precision_from_environment() {
                   value + "\"");
 }
 
-// Where split partials are merged: in the forward's own launch, or by the combine kernel.
-bool merge_in_forward_launch() {
-  const char* value = std::getenv("FLASHTILE_TF32X3_MERGE");
-  if (value == nullptr || *value == '\0' || std::string(value) == "launch") return true;
-  if (std::string(value) == "combine") return false;
-  throw Error(ErrorKind::invalid_argument,
-              std::string("FLASHTILE_TF32X3_MERGE must be \"launch\" or \"combine\"; got \"") +
-                  value + "\"");
-}
-
-// How a call's keys are split, and what its partials and arrival counters take (the
-// partials come from the pool on every call, the counters are kept per stream: see
-// arrival_counters).
+// How a call's keys are split, and what its partials take.
 struct SplitPlan {
   int splits = 1, query_blocks = 0;
   int64_t tiles = 0;
   Geometry geo;
-  int64_t partials_bytes() const {
-    return splits > 1 ? SplitPartials::bytes(tiles, splits, geo.block_m, geo.head_dim) : 0;
-  }
   int64_t workspace_bytes() const {
-    return splits > 1 ? partials_bytes() + tiles * int64_t(sizeof(uint32_t)) : 0;
+    return splits > 1 ? SplitPartials::bytes(tiles, splits, geo.block_m, geo.head_dim) : 0;
   }
 };
 
@@ -164,11 +144,7 @@ SplitPlan split_plan(const AttentionParams& p) {
   return plan;
 }
 
-int64_t tf32x3_workspace_bytes(const AttentionParams& p) {
-  const SplitPlan plan = split_plan(p);
-  if (plan.splits > 1) merge_in_forward_launch();  // refuses a bad FLASHTILE_TF32X3_MERGE
-  return plan.workspace_bytes();
-}
+int64_t tf32x3_workspace_bytes(const AttentionParams& p) { return split_plan(p).workspace_bytes(); }
 
 // The split partials come from a stream-ordered pool of the backend's own per device, which
 // keeps up to kPoolKeepBytes between calls (the default pool would return them to the
@@ -190,42 +166,6 @@ cudaMemPool_t workspace_pool(int device) {
              "cudaMemPoolSetAttribute(ReleaseThreshold)");
   (*pools)[device] = pool;
   return pool;
-}
-
-// The split forward's per-tile arrival counters (SplitPartials::arrivals): one array per
-// device and stream, allocated from the pool and zeroed once (cudaMemsetAsync on that stream,
-// ahead of the first kernel that uses it), grown by doubling when a call has more tiles.
-// Why each call finds its counters at zero without a memset per call: the kernel's last CTA
-// of every tile sets the tile's counter back to zero, so an array is all zero again once the
-// kernel that used it has finished, and the calls on one stream run one after another. Calls
-// on different streams may run at the same time, so each stream has an array of its own
-// (cudaStreamPerThread is another stream in every host thread). An outgrown array is kept,
-// not freed, since a kernel queued on it may still run: the arrays kept add up to less than
-// the largest one.
-uint32_t* arrival_counters(int device, cudaStream_t stream, int64_t tiles) {
-  constexpr int64_t kMinCounters = 1024;  // 4 KB: every split call that choose_splits makes
-  struct Counters {
-    uint32_t* data = nullptr;
-    int64_t capacity = 0;
-  };
-  using Key = std::tuple<int, cudaStream_t, std::thread::id>;
-  static std::mutex mutex;
-  static auto* arrays = new std::map<Key, Counters>();  // lives as long as the process
-  const Key key{device, stream,
-                stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id()};
-  const std::lock_guard<std::mutex> lock(mutex);
-  Counters& counters = (*arrays)[key];
-  if (counters.capacity >= tiles) return counters.data;
-  int64_t capacity = counters.capacity > 0 ? 2 * counters.capacity : kMinCounters;
-  while (capacity < tiles) capacity *= 2;
-  const size_t bytes = static_cast<size_t>(capacity) * sizeof(uint32_t);
-  void* data = nullptr;
-  check_cuda(cudaMallocFromPoolAsync(&data, bytes, workspace_pool(device), stream),
-             "cudaMallocFromPoolAsync(cuda_tf32x3 arrival counters)");
-  check_cuda(cudaMemsetAsync(data, 0, bytes, stream),
-             "cudaMemsetAsync(cuda_tf32x3 arrival counters)");
-  counters = {static_cast<uint32_t*>(data), capacity};
-  return counters.data;
 }
 
 void launch_forward(const AttentionParams& p, const tf32x3::SplitArgs& args,
@@ -274,47 +214,6 @@ Tf32x3Kernel tf32x3_kernel_for(const AttentionParams& p) {
 
 namespace {
 
-// Whether work queued on `stream` now goes into a CUDA graph (an error, such as the legacy
-// stream's during another stream's global capture, counts as capturing: the launch then
-// fails as it would have).
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-    cudaGetLastError();
-    return true;
-  }
-  return status != cudaStreamCaptureStatusNone;
-}
-
-// The split-KV path: the partials from the pool, the counters of this stream, one launch
-// (or, with FLASHTILE_TF32X3_MERGE=combine, the forward and the combine kernel, the latter as
-// a programmatic dependent launch on sm_90+). A call captured into a CUDA graph takes the
-// two launches too: the stream's counters must not be graph memory (an array made during
-// capture) nor be shared with a graph that may be replayed on another stream at the same
-// time as this stream's calls.
-void run_split_tf32x3(const AttentionParams& p, const SplitPlan& plan, tf32x3::SplitArgs args,
-                      tf32x3::Precision precision, cudaStream_t stream) {
-  const bool one_launch = merge_in_forward_launch() && !capturing(stream);
-  uint32_t* arrivals = one_launch ? arrival_counters(p.device_index, stream, plan.tiles) : nullptr;
-  void* workspace = nullptr;
-  check_cuda(cudaMallocFromPoolAsync(&workspace, static_cast<size_t>(plan.partials_bytes()),
-                                     workspace_pool(p.device_index), stream),
-             "cudaMallocFromPoolAsync(cuda_tf32x3 split-KV workspace)");
-  args.partials = SplitPartials::at(workspace, plan.tiles, plan.splits, plan.geo.block_m,
-                                    plan.geo.head_dim, plan.query_blocks);
-  args.partials.arrivals = arrivals;
-  try {
-    launch_forward(p, args, precision, stream);
-    if (!one_launch)
-      launch_split_kv_combine<float>(p, args.partials, stream,
-                                     device_facts(p.device_index).cc.number() >= 90);
-  } catch (...) {
-    cudaFreeAsync(workspace, stream);
-    throw;
-  }
-  check_cuda(cudaFreeAsync(workspace, stream), "cudaFreeAsync(cuda_tf32x3 split-KV workspace)");
-}
-
 void run_tf32x3(const AttentionParams& p) {
   const DeviceGuard on_device(p.device_index);
   auto stream = static_cast<cudaStream_t>(p.stream);
@@ -331,10 +230,26 @@ void run_tf32x3(const AttentionParams& p) {
   const SplitPlan plan = split_plan(p);
   tf32x3::SplitArgs args;
   args.splits = plan.splits;
-  if (plan.splits == 1)
+  if (plan.splits == 1) {
     launch_forward(p, args, precision, stream);
-  else
-    run_split_tf32x3(p, plan, args, precision, stream);
+    return;
+  }
+  void* workspace = nullptr;
+  check_cuda(cudaMallocFromPoolAsync(&workspace, static_cast<size_t>(plan.workspace_bytes()),
+                                     workspace_pool(p.device_index), stream),
+             "cudaMallocFromPoolAsync(cuda_tf32x3 split-KV workspace)");
+  args.partials = SplitPartials::at(workspace, plan.tiles, plan.splits, plan.geo.block_m,
+                                    plan.geo.head_dim, plan.query_blocks);
+  try {
+    launch_forward(p, args, precision, stream);
+    // sm_90+: the combine's launch overlaps the forward's tail (the forward kernel allows it).
+    launch_split_kv_combine<float>(p, args.partials, stream,
+                                   device_facts(p.device_index).cc.number() >= 90);
+  } catch (...) {
+    cudaFreeAsync(workspace, stream);
+    throw;
+  }
+  check_cuda(cudaFreeAsync(workspace, stream), "cudaFreeAsync(cuda_tf32x3 split-KV workspace)");
 }
 
 }  // namespace

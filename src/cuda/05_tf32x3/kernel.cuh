@@ -20,9 +20,7 @@
 // on the field grid (fp32, 16k tokens, d 64/128), 28-35% of the 119 TFLOP/s that 3 tf32
 // products per fp32 one leave of the 356 TFLOP/s ceiling, 0.86-1.18x SDPA's memory-efficient
 // kernel in the same run; the write-up's case 27.9-29.6 us with 16 key splits, of which the
-// host's submission shows ~6 us and the combine kernel ~7 us. Third session: the combine in
-// registers, 22.8 us. Sixth session: the merge moved into this kernel (one launch, below);
-// predicted 22-24 us, no gain (docs/JOURNEY.md step 2b), not yet measured.
+// host's submission shows ~6 us and the combine kernel ~7 us.
 //
 // Layout: Q, K and V tiles are fp32 rows in shared memory (pitches in Tf32Config make every
 // fragment read conflict-free). Each tile is split once per CTA where it lands, into a big
@@ -38,10 +36,7 @@
 //
 // Split-KV: with splits > 1 each tile's key blocks are cut by split_key_blocks() and the
 // CTA (blockIdx.x = query block · splits + split) writes a normalised partial and its LSE to
-// the workspace. With arrival counters (the backend's path) the last CTA of a tile to finish
-// merges the tile's partials in the same launch (split_kv_combine.cuh: last_split_to_arrive,
-// merge_tile_partials), in split order whatever the order of arrival; without them a combine
-// kernel follows.
+// the workspace; split_kv_combine.cuh merges them.
 #pragma once
 
 #include <atomic>
@@ -222,7 +217,7 @@ __device__ __forceinline__ void split_tile(float* big, float* small) {
 // The kernel's view of a split forward: 1 split writes out and lse directly.
 struct SplitArgs {
   int splits = 1;
-  SplitPartials partials;  // used when splits > 1; merged in the kernel when it has arrivals
+  SplitPartials partials;  // used when splits > 1
 };
 
 template <class Cfg, class Logits, bool kAligned, Precision kPrecision>
@@ -503,23 +498,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         }
       }
     }
-
-  // One launch: the last of the tile's splits to finish merges them all into out and lse
-  // (split_kv_combine.cuh). Every thread gets here (rows past the end only skipped their
-  // stores), and the main loop's reads of shared memory are over once the election's first
-  // barrier has passed, so its flag and the weights reuse the Q planes.
-  if (partial && parts.arrivals != nullptr) {
-    static_assert(4 + kBlockM * (kMaxSplits + 1) <= Cfg::kQPlaneFloats,
-                  "the merge's flag and weights fit in the Q planes");
-    uint32_t* flag = reinterpret_cast<uint32_t*>(smem);
-    float* weights = smem + 4;  // (kBlockM, kMaxSplits + 1)
-    if (!last_split_to_arrive(parts.arrivals + tile_index, splits, flag)) return;
-    // The sequence's bounds read again from p: with the epilogue's seq and mask the d=128
-    // ALiBi kernel spilled 4 bytes (SASS, nvcc 13.0); with these it does not.
-    const SeqlenInfo<int> merge_seq(p, b);
-    merge_tile_partials<float, Cfg::kThreads, kBlockM, Cfg::kHeadDim, kAligned>(
-        p, merge_seq, merge_seq.mask(p), parts, tile_index, b, h, row_start, weights);
-  }
 }
 
 // Raises `kernel`'s dynamic shared-memory limit to `bytes` on `device` once (bit `device`
