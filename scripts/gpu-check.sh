@@ -70,7 +70,6 @@ if [ "$phase" != rest ] && [ "${SANITIZERS:-1}" != 0 ]; then
   sm90_subset="Sm90Pieces.*:Dtypes/CudaSm90Grid.EveryPipelineMatchesOracle/bfloat16:CudaSm90.ScaleOfAnySign:CudaSm90.Refuses*"
   sm90_subset+=":Dtypes/CudaSm90Grid.BlocksThatSeeNoKeyWriteZerosOnEveryRun/float16:CudaSm90BlockM192.*"
   tf32x3_subset="CudaTf32x3.EveryHeadDim*:CudaTf32x3.Misaligned*:CudaTf32x3.SplitKv*:CudaTf32x3.Refusals*"
-  tf32x3_subset+=":CudaTf32x3.EverySplitCount*:CudaTf32x3.ArrivalCounters*:CudaTf32x3.Captured*"
   tf32x3_sm90_subset="CudaTf32x3Sm90.VariantsMatchOracle:CudaTf32x3Sm90.VarlenMatchesOracle"
   backward_subset="Dtypes/CudaMmaBackwardGrid.VarlenMatchesOracle/bfloat16:CudaMmaBackward.EveryHeadDim*:CudaMmaBackward.Refuses*"
   LIMIT=${SAN_LIMIT:-90}

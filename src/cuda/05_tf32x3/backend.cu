@@ -3,7 +3,7 @@
 // split-KV combine when the keys are split, as a programmatic dependent launch on sm_90+).
 // The kernel and its journey note are in kernel.cuh.
 //
-// Two environment knobs, read per call (plan() and forward() agree on them):
+// Three environment knobs, read per call (plan() and forward() agree on them):
 //   FLASHTILE_TF32X3_SPLITS=N  pins the key splits to N (1 = never split; at most 16)
 //                              instead of choosing them from the SM count
 //   FLASHTILE_TF32X3_MODE=single  plain TF32 (one product, ~1e-3 relative error: it fails
