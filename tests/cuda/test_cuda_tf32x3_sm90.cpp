@@ -292,6 +292,8 @@ TEST(CudaTf32x3Sm90, D128SplitSchedulesAgreeBitwise) {
     v.varlen_q = batch.q, v.varlen_k = batch.k, v.seqused_k = batch.used;
     shapes.push_back(v);
   }
+  if (small_grid())  // (compute-sanitizer) the shortest two and the variant and varlen ones
+    shapes.erase(shapes.begin() + 2, shapes.end() - 2);
   for (const Shape& s : shapes) {
     SCOPED_TRACE(s.describe());
     AttentionCase c(s);
