@@ -109,7 +109,8 @@ struct Tf32Sm90Config {
 //  d=64 : 128 query rows, 64-key tiles, two plane sets (the overlapped pipeline): 64 KB of
 //         Q planes + 2 x 64 KB of K/Vᵀ planes + 32 KB of staging = 225 KB.
 //  d=128: 128 query rows, 32-key tiles, one set: 128 + 64 + 32 = 225 KB (a second set
-//         does not fit). One CTA (8 warps) per SM either way.
+//         does not fit; the staggered pipeline splits each half of it under the wgmma that
+//         do not read it). One CTA (8 warps) per SM either way.
 template <int kHeadDim>
 struct Tf32Sm90Traits;
 template <>
@@ -496,11 +497,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   consumer.store(p, seq, work.mask, work.b, work.h, work.row_start);
 }
 
-// V rows of a tile into the staging area as 4x4 blocks, for the overlapped pipeline: thread
-// i takes Vᵀ chunk cc = i % (kBlockN / 4) (keys 8·(cc / 2) + cc % 2 + {0, 2, 4, 6}, the
-// column order of Vᵀ) of dims 4c .. 4c + 3, c = i / (kBlockN / 4); key j of its block is
-// float4 j·kThreads + i of the staging area, so that a warp's loads and stores of it are
-// conflict-free and the thread transposes its own block (no barrier before the split).
+// V rows of a tile into the staging area as 4x4 blocks (the overlapped and staggered
+// pipelines): thread i takes Vᵀ chunk cc = i % (kBlockN / 4) (keys 8·(cc / 2) + cc % 2 +
+// {0, 2, 4, 6}, the column order of Vᵀ) of dims 4c .. 4c + 3, c = i / (kBlockN / 4); key j
+// of its block is float4 j·kThreads + i of the staging area, so that a warp's loads and
+// stores of it are conflict-free and the thread transposes its own block (no barrier before
+// the split).
 template <class Cfg>
 __device__ __forceinline__ void load_v_blocks(float* v_raw, const float* src, int64_t row_stride,
                                               int valid_rows) {
@@ -519,8 +521,9 @@ __device__ __forceinline__ void load_v_blocks(float* v_raw, const float* src, in
 }
 
 // The split of a tile's V, each thread its own staged chunks (the overlapped and the
-// staggered pipelines): its 4x4 block (load_v_blocks) transposed into four Vᵀ chunks (rows 4c .. 4c + 3,
-// chunk cc; a quarter-warp's stores fill one 128-byte row) of set `set`'s Vᵀ planes.
+// staggered pipelines): its 4x4 block (load_v_blocks) transposed into four Vᵀ chunks
+// (rows 4c .. 4c + 3, chunk cc; a quarter-warp's stores fill one 128-byte row) of set
+// `set`'s Vᵀ planes.
 template <class Cfg>
 __device__ __forceinline__ void split_own_v(const Tf32Sm90Smem<Cfg>& sm, int set) {
   constexpr int kD = Cfg::kHeadDim;
