@@ -2,8 +2,11 @@
 // fp32 rule (normwise relative error <= 1e-5), beside the mma.sync kernel on the same inputs
 // (FLASHTILE_TF32X3_PATH=mma): the field's shapes at d 64 and 128 (odd lengths, sq != sk,
 // causal, GQA/MQA, strides), every variant, varlen, N = 131072 on one head, bitwise
-// repeatability, and the selector's choice. The suite in test_cuda_tf32x3.cpp runs the same
-// backend (and so this path wherever it is chosen). Every test skips without a capable
+// repeatability, and the selector's choice. d=128 runs both of its split schedules
+// (FLASHTILE_TF32X3_SM90_SPLIT: staggered, the default, and between), which must also agree
+// bitwise with each other (same products in the same order). The suite in
+// test_cuda_tf32x3.cpp runs the same backend (and so this path, on the default schedule,
+// wherever it is chosen). Every test skips without a capable
 // device; the wgmma assertions skip on devices other than compute capability 9.0.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -11,6 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,6 +76,18 @@ bool wgmma_device() {
     if (!wgmma_device()) GTEST_SKIP() << "no sm_90a code or device 0 is not 9.0";    \
   } while (0)
 
+// The wgmma path's kernels: d=64's overlapped pipeline and d=128's two split schedules.
+struct Sm90Kernel {
+  int64_t head_dim;
+  const char* split;  // FLASHTILE_TF32X3_SM90_SPLIT (nullptr: unset, the default)
+};
+constexpr Sm90Kernel kSm90Kernels[] = {{64, nullptr}, {128, "staggered"}, {128, "between"}};
+constexpr const char* kSplitEnv = "FLASHTILE_TF32X3_SM90_SPLIT";
+
+std::string describe(const Sm90Kernel& k) {
+  return "d=" + std::to_string(k.head_dim) + " split=" + (k.split ? k.split : "(default)");
+}
+
 Shape shape_of(int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d) {
   return testing::shape_of(DType::f32, batch, sq, sk, hq, hkv, d);
 }
@@ -120,10 +136,13 @@ TEST(CudaTf32x3Sm90, FieldShapesMatchOracleOnBothKernels) {
                                         {513, 700}, {700, 513}, {128, 64},  {2, 1500}};
   int rotate = 0;
   double worst = 0;
-  for (int64_t d : {64, 128})
+  for (const Sm90Kernel& kernel : kSm90Kernels)
     for (const Lengths& len : lengths)
       for (bool causal : {false, true}) {
-        Shape s = shape_of(rotate % 2 == 0 ? 1 : 2, len.q, len.k, 4, rotate % 3 == 2 ? 1 : 2, d);
+        const ScopedEnv split(kSplitEnv, kernel.split);
+        SCOPED_TRACE(describe(kernel));
+        Shape s = shape_of(rotate % 2 == 0 ? 1 : 2, len.q, len.k, 4, rotate % 3 == 2 ? 1 : 2,
+                           kernel.head_dim);
         s.causal = causal;
         s.strided = rotate % 4 == 1;
         ++rotate;
@@ -139,7 +158,8 @@ TEST(CudaTf32x3Sm90, FieldShapesMatchOracleOnBothKernels) {
   std::printf("wgmma path, field shapes: worst normwise error %.3g\n", worst);
 }
 
-// Every variant feature and their combinations on the wgmma path (unsplit), d 64 and 128.
+// Every variant feature and their combinations on the wgmma path (unsplit), each on every
+// kernel of kSm90Kernels (the kernel rotates with the lengths: 5 lengths cover all three).
 TEST(CudaTf32x3Sm90, VariantsMatchOracle) {
   SKIP_WITHOUT_WGMMA();
   const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
@@ -147,10 +167,13 @@ TEST(CudaTf32x3Sm90, VariantsMatchOracle) {
   int rotate = 0;
   for (const testing::Variant& f : testing::forward_variants())
     for (const testing::Lengths& len : lengths) {
-      Shape s = shape_of(2, len.q, len.k, 4, 2, rotate % 2 == 0 ? 64 : 128);
+      const Sm90Kernel& kernel = kSm90Kernels[rotate % 3];
+      const ScopedEnv split(kSplitEnv, kernel.split);
+      Shape s = shape_of(2, len.q, len.k, 4, 2, kernel.head_dim);
       if (rotate % 5 == 2) s.heads_kv = 1;  // MQA
       ++rotate;
       s = testing::with_variant(s, f);
+      SCOPED_TRACE(describe(kernel));
       AttentionCase c(s);
       DeviceCase d(c);
       EXPECT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma) << s.describe();
@@ -166,8 +189,10 @@ TEST(CudaTf32x3Sm90, VarlenMatchesOracle) {
   const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
   for (const testing::VarlenBatch& batch : testing::varlen_batches())
     for (const testing::Variant& v : testing::varlen_variants())
-      for (int64_t d : {64, 128}) {
-        Shape s = testing::with_variant(shape_of(1, 0, 0, 4, 2, d), v);
+      for (const Sm90Kernel& kernel : kSm90Kernels) {
+        const ScopedEnv split(kSplitEnv, kernel.split);
+        SCOPED_TRACE(describe(kernel));
+        Shape s = testing::with_variant(shape_of(1, 0, 0, 4, 2, kernel.head_dim), v);
         s.varlen_q = batch.q, s.varlen_k = batch.k, s.seqused_k = batch.used;
         AttentionCase c(s);
         DeviceCase dc(c);
@@ -180,7 +205,10 @@ TEST(CudaTf32x3Sm90, VarlenMatchesOracle) {
 TEST(CudaTf32x3Sm90, RunsRepeatBitwise) {
   SKIP_WITHOUT_WGMMA();
   const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
-  for (int64_t d : {64, 128}) {
+  for (const Sm90Kernel& kernel : kSm90Kernels) {
+    const ScopedEnv split(kSplitEnv, kernel.split);
+    SCOPED_TRACE(describe(kernel));
+    const int64_t d = kernel.head_dim;
     Shape s = shape_of(2, 700, 900, 4, 2, d);
     s.causal = d == 128;
     s.softcap = d == 64 ? 20.0f : 0.0f, s.sinks = true;
@@ -238,6 +266,81 @@ TEST(CudaTf32x3Sm90, SelectorChoosesByCoverage) {
   {
     const ScopedEnv bad("FLASHTILE_TF32X3_PATH", "tensor");
     EXPECT_THROW(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Error);
+  }
+}
+
+// d=128's two split schedules run the same products in the same order on the same planes,
+// so their outputs and LSEs agree bitwise (and both match the oracle): odd lengths, sq != sk
+// both ways, causal, GQA and MQA, strides, a variant mix, and a varlen batch.
+TEST(CudaTf32x3Sm90, D128SplitSchedulesAgreeBitwise) {
+  SKIP_WITHOUT_WGMMA();
+  const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
+  std::vector<Shape> shapes;
+  for (const testing::Lengths& len :
+       std::vector<testing::Lengths>{{1, 33}, {95, 31}, {129, 257}, {300, 77}, {520, 1000}})
+    for (bool causal : {false, true}) {
+      Shape s = shape_of(2, len.q, len.k, 4, shapes.size() % 3 == 2 ? 1 : 2, 128);
+      s.causal = causal;
+      s.strided = shapes.size() % 4 == 1;
+      shapes.push_back(s);
+    }
+  {
+    Shape s = shape_of(1, 333, 444, 4, 2, 128);
+    s.window = {40, 7}, s.softcap = 10.0f, s.alibi = true, s.sinks = true;
+    shapes.push_back(s);
+    const testing::VarlenBatch& batch = testing::varlen_batches().back();
+    Shape v = testing::with_variant(shape_of(1, 0, 0, 4, 2, 128), testing::varlen_variants().back());
+    v.varlen_q = batch.q, v.varlen_k = batch.k, v.seqused_k = batch.used;
+    shapes.push_back(v);
+  }
+  if (small_grid())  // (compute-sanitizer) the shortest two and the variant and varlen ones
+    shapes.erase(shapes.begin() + 2, shapes.end() - 2);
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(s.describe());
+    AttentionCase c(s);
+    DeviceCase d(c);
+    {
+      const ScopedEnv split(kSplitEnv, "staggered");
+      if (!s.is_varlen()) ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);  // (dense calls)
+      d.run(c, kTf32x3);
+      EXPECT_TRUE(testing::matches_oracle(c)) << "staggered";
+    }
+    const testing::HostBytes staggered_out = c.out.bytes;
+    const std::vector<float> staggered_lse = c.lse;
+    {
+      const ScopedEnv split(kSplitEnv, "between");
+      d.poison();
+      d.run(c, kTf32x3);
+      EXPECT_TRUE(testing::matches_oracle(c)) << "between";
+    }
+    EXPECT_EQ(c.out.bytes, staggered_out) << "outputs differ between the schedules";
+    EXPECT_EQ(std::memcmp(c.lse.data(), staggered_lse.data(), c.lse.size() * sizeof(float)), 0)
+        << "LSEs differ between the schedules";
+  }
+}
+
+// A FLASHTILE_TF32X3_SM90_SPLIT that names no schedule is refused by name, with the values
+// it takes and the one given, before anything is written.
+TEST(CudaTf32x3Sm90, UnknownSplitScheduleIsRefusedAndWritesNothing) {
+  SKIP_WITHOUT_WGMMA();
+  const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
+  for (int64_t head_dim : {64, 128}) {
+    AttentionCase c(shape_of(1, 200, 200, 2, 2, head_dim));
+    DeviceCase d(c);
+    ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);
+    const ScopedEnv bad(kSplitEnv, "sideways");
+    try {
+      d.run(c, kTf32x3);
+      ADD_FAILURE() << "no error for FLASHTILE_TF32X3_SM90_SPLIT=sideways at d=" << head_dim;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("FLASHTILE_TF32X3_SM90_SPLIT"), std::string::npos) << what;
+      EXPECT_NE(what.find("\"staggered\" or \"between\""), std::string::npos) << what;
+      EXPECT_NE(what.find("sideways"), std::string::npos) << what;
+    }
+    d.copy_back(c);
+    const testing::HostBytes poisoned(c.out.bytes.size(), 0xFF);
+    EXPECT_EQ(c.out.bytes, poisoned) << "the output was written";
   }
 }
 

@@ -24,10 +24,12 @@
 //
 // The CTA: kWarpgroups consumer warpgroups of 64 query rows each, no producer warpgroup
 // (every thread loads and splits), each wgmma group waited for before its result is used.
-// Two pipelines (Tf32Sm90Config::kOverlapSplit):
-//  - tf32x3_sm90_forward_kernel (d=128: a second plane set does not fit): one set of
-//    planes; per tile every thread splits K and V (a CTA-wide transpose) between two
+// Three pipelines (Tf32Sm90Config::kOverlapSplit; at d=128 FLASHTILE_TF32X3_SM90_SPLIT):
+//  - tf32x3_sm90_forward_kernel (d=128, "between": a second plane set does not fit): one
+//    set of planes; per tile every thread splits K and V (a CTA-wide transpose) between two
 //    __syncthreads, with the tensor cores idle.
+//  - tf32x3_sm90_staggered_kernel (d=128, "staggered", the default): one set of planes,
+//    V(j) split under S(j) and K(j + 1) under P·V(j), each thread its own chunks.
 //  - tf32x3_sm90_overlap_kernel (d=64): two sets; each thread stages and splits only its own
 //    chunks (V as a 4x4 block it transposes itself), so tile j + 1 is split into the other
 //    set while S(j)'s wgmma run, and one __syncthreads per tile remains.
@@ -48,6 +50,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "attn/block_range.hpp"
 #include "attn/features.hpp"
@@ -56,6 +59,7 @@
 #include "attn/variant.hpp"
 #include "cuda/04_sm90/kernel.cuh"
 #include "cuda/05_tf32x3/kernel.cuh"
+#include "cuda/05_tf32x3/sm90.hpp"
 #include "cuda/common.cuh"
 #include "cuda/mma_fragment.cuh"
 #include "cuda/ptx/tf32.cuh"
@@ -105,7 +109,8 @@ struct Tf32Sm90Config {
 //  d=64 : 128 query rows, 64-key tiles, two plane sets (the overlapped pipeline): 64 KB of
 //         Q planes + 2 x 64 KB of K/Vᵀ planes + 32 KB of staging = 225 KB.
 //  d=128: 128 query rows, 32-key tiles, one set: 128 + 64 + 32 = 225 KB (a second set
-//         does not fit). One CTA (8 warps) per SM either way.
+//         does not fit; the staggered pipeline splits each half of it under the wgmma that
+//         do not read it). One CTA (8 warps) per SM either way.
 template <int kHeadDim>
 struct Tf32Sm90Traits;
 template <>
@@ -188,15 +193,12 @@ __device__ __forceinline__ void split_q(const Tf32Sm90Smem<Cfg>& sm) {
   }
 }
 
-// The first pipeline's split: the staged raw K and V rows (row-major, pitch d) into the
-// four planes of set 0:
-//  K: chunk c of key row r to swizzled_offset<kBlockN>(r, c) of K big / K small;
-//  V: Vᵀ row n (head-dim column n), chunk c = keys 8·(c / 2) + (c % 2) + {0, 2, 4, 6}
-//     (the 0, 2, 4, 6, 1, 3, 5, 7 order of every 8 keys), to swizzled_offset<d>(n, c).
-// Threads take consecutive n for V, so a warp's four column reads hit 32 banks each and a
-// quarter-warp's 16-byte stores 8 distinct swizzle positions.
+// The staged raw K rows (load_tile's layout, row-major, pitch d) of a tile into set `set`'s
+// K planes: chunk c of key row r to swizzled_offset<kBlockN>(r, c). Each thread splits the
+// very chunks load_tile gave it (every pipeline; the staggered and overlapped ones rely on
+// it to reload the staging without a barrier).
 template <class Cfg>
-__device__ __forceinline__ void split_kv(const Tf32Sm90Smem<Cfg>& sm) {
+__device__ __forceinline__ void split_own_k(const Tf32Sm90Smem<Cfg>& sm, int set) {
   constexpr int kD = Cfg::kHeadDim;
   constexpr int kPasses = Cfg::kBlockN * Cfg::kChunks / Cfg::kThreads;
 #pragma unroll
@@ -205,9 +207,23 @@ __device__ __forceinline__ void split_kv(const Tf32Sm90Smem<Cfg>& sm) {
     const int row = id / Cfg::kChunks, chunk = id % Cfg::kChunks;
     const float4 x4 = *reinterpret_cast<const float4*>(sm.k_raw_ptr + row * kD + chunk * 4);
     const uint32_t offset = sm90::swizzled_offset<Cfg::kBlockN>(row, chunk);
-    split_chunk_to(sm.at(sm.k_big(0) + offset), sm.at(sm.k_small(0) + offset),
+    split_chunk_to(sm.at(sm.k_big(set) + offset), sm.at(sm.k_small(set) + offset),
                    {x4.x, x4.y, x4.z, x4.w});
   }
+}
+
+// The first pipeline's split: the staged raw K and V rows (row-major, pitch d) into the
+// four planes of set 0:
+//  K: as split_own_k;
+//  V: Vᵀ row n (head-dim column n), chunk c = keys 8·(c / 2) + (c % 2) + {0, 2, 4, 6}
+//     (the 0, 2, 4, 6, 1, 3, 5, 7 order of every 8 keys), to swizzled_offset<d>(n, c).
+// Threads take consecutive n for V, so a warp's four column reads hit 32 banks each and a
+// quarter-warp's 16-byte stores 8 distinct swizzle positions.
+template <class Cfg>
+__device__ __forceinline__ void split_kv(const Tf32Sm90Smem<Cfg>& sm) {
+  constexpr int kD = Cfg::kHeadDim;
+  constexpr int kPasses = Cfg::kBlockN * Cfg::kChunks / Cfg::kThreads;
+  split_own_k<Cfg>(sm, 0);
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
     const int id = static_cast<int>(threadIdx.x) + pass * Cfg::kThreads;
@@ -226,6 +242,20 @@ __device__ __forceinline__ void fence_accumulator(float (&r)[kRegs]) {
 #pragma unroll
   for (int i = 0; i < kRegs; ++i) ptx::fence_register(r[i]);
 }
+
+// A operands of in-flight wgmma (rs): kept live, unmodified, up to this point.
+template <int kSteps>
+__device__ __forceinline__ void fence_operands(uint32_t (&a)[kSteps][4]) {
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ptx::fence_register(a[k][e]);
+}
+
+// accumulate_pv's default: nothing between P·V's issue and its wait.
+struct NothingUnderPv {
+  __device__ __forceinline__ void operator()() const {}
+};
 
 // An accumulator of m64nNk8 (N/2 registers) seen as this warp's mma.sync-shaped tiles
 // [1][N/8][4] (the same registers: ptx/wgmma.cuh's layout), for mma_fragment.cuh.
@@ -326,7 +356,11 @@ struct Tf32Sm90Consumer {
   // (Vᵀ's column order): A = (P[g][2t], P[g+8][2t], P[g][2t+1], P[g+8][2t+1]) = S tile kk's
   // registers 0, 2, 1, 3. The tile's three products are summed on the tensor cores in pv
   // (corrections first) and added to O in fp32 round-to-nearest.
-  __device__ __forceinline__ void accumulate_pv(uint32_t vt_big, uint32_t vt_small) {
+  // `under` runs while the P·V wgmma are in flight (the staggered pipeline splits the next
+  // K tile there); P's split registers stay live until the wait, so nothing reuses them.
+  template <class UnderPv = NothingUnderPv>
+  __device__ __forceinline__ void accumulate_pv(uint32_t vt_big, uint32_t vt_small,
+                                                UnderPv&& under = {}) {
     float(&st)[1][kNTiles][4] = as_mma_tiles<kNTiles>(s);
     uint32_t pa_big[Cfg::kPVSteps][4], pa_small[Cfg::kPVSteps][4];
 #pragma unroll
@@ -345,8 +379,13 @@ struct Tf32Sm90Consumer {
     for (int kk = 0; kk < Cfg::kPVSteps; ++kk)
       MmaPV::rs(pv, pa_big[kk], sm90::k_major_descriptor<kD>(vt_big, 0, kk), true);
     ptx::wgmma_commit();
+    under();
     ptx::wgmma_wait<0>();
     fence_accumulator(pv);
+    if constexpr (!std::is_same_v<std::decay_t<UnderPv>, NothingUnderPv>) {
+      fence_operands(pa_big);
+      fence_operands(pa_small);
+    }
 #pragma unroll
     for (int r = 0; r < kORegs; ++r) o[r] += pv[r];
   }
@@ -458,11 +497,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   consumer.store(p, seq, work.mask, work.b, work.h, work.row_start);
 }
 
-// V rows of a tile into the staging area as 4x4 blocks, for the overlapped pipeline: thread
-// i takes Vᵀ chunk cc = i % (kBlockN / 4) (keys 8·(cc / 2) + cc % 2 + {0, 2, 4, 6}, the
-// column order of Vᵀ) of dims 4c .. 4c + 3, c = i / (kBlockN / 4); key j of its block is
-// float4 j·kThreads + i of the staging area, so that a warp's loads and stores of it are
-// conflict-free and the thread transposes its own block (no barrier before the split).
+// V rows of a tile into the staging area as 4x4 blocks (the overlapped and staggered
+// pipelines): thread i takes Vᵀ chunk cc = i % (kBlockN / 4) (keys 8·(cc / 2) + cc % 2 +
+// {0, 2, 4, 6}, the column order of Vᵀ) of dims 4c .. 4c + 3, c = i / (kBlockN / 4); key j
+// of its block is float4 j·kThreads + i of the staging area, so that a warp's loads and
+// stores of it are conflict-free and the thread transposes its own block (no barrier before
+// the split).
 template <class Cfg>
 __device__ __forceinline__ void load_v_blocks(float* v_raw, const float* src, int64_t row_stride,
                                               int valid_rows) {
@@ -480,22 +520,13 @@ __device__ __forceinline__ void load_v_blocks(float* v_raw, const float* src, in
   }
 }
 
-// The overlapped pipeline's split of the next tile, each thread its own staged chunks: K's
-// as load_tile gave them (split_kv's K loop), V's 4x4 block transposed into four Vᵀ chunks
-// (rows 4c .. 4c + 3, chunk cc; a quarter-warp's stores fill one 128-byte row).
+// The split of a tile's V, each thread its own staged chunks (the overlapped and the
+// staggered pipelines): its 4x4 block (load_v_blocks) transposed into four Vᵀ chunks
+// (rows 4c .. 4c + 3, chunk cc; a quarter-warp's stores fill one 128-byte row) of set
+// `set`'s Vᵀ planes.
 template <class Cfg>
-__device__ __forceinline__ void split_own_kv(const Tf32Sm90Smem<Cfg>& sm, int set) {
+__device__ __forceinline__ void split_own_v(const Tf32Sm90Smem<Cfg>& sm, int set) {
   constexpr int kD = Cfg::kHeadDim;
-  constexpr int kPasses = Cfg::kBlockN * Cfg::kChunks / Cfg::kThreads;
-#pragma unroll
-  for (int pass = 0; pass < kPasses; ++pass) {
-    const int id = static_cast<int>(threadIdx.x) + pass * Cfg::kThreads;
-    const int row = id / Cfg::kChunks, chunk = id % Cfg::kChunks;
-    const float4 x4 = *reinterpret_cast<const float4*>(sm.k_raw_ptr + row * kD + chunk * 4);
-    const uint32_t offset = sm90::swizzled_offset<Cfg::kBlockN>(row, chunk);
-    split_chunk_to(sm.at(sm.k_big(set) + offset), sm.at(sm.k_small(set) + offset),
-                   {x4.x, x4.y, x4.z, x4.w});
-  }
   constexpr int kVtChunks = Cfg::kBlockN / 4;
   const int tid = static_cast<int>(threadIdx.x);
   const int cc = tid % kVtChunks, c = tid / kVtChunks;
@@ -511,6 +542,13 @@ __device__ __forceinline__ void split_own_kv(const Tf32Sm90Smem<Cfg>& sm, int se
     const uint32_t offset = sm90::swizzled_offset<kD>(4 * c + e, cc);
     split_chunk_to(sm.at(sm.vt_big(set) + offset), sm.at(sm.vt_small(set) + offset), dims[e]);
   }
+}
+
+// The overlapped pipeline's split of the next tile: K, then V.
+template <class Cfg>
+__device__ __forceinline__ void split_own_kv(const Tf32Sm90Smem<Cfg>& sm, int set) {
+  split_own_k<Cfg>(sm, set);
+  split_own_v<Cfg>(sm, set);
 }
 
 // The overlapped pipeline (d=64): two sets of planes. While S(j) runs on the tensor cores,
@@ -574,28 +612,119 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   consumer.store(p, seq, work.mask, work.b, work.h, work.row_start);
 }
 
+// The staggered pipeline (d=128, one set of planes; the default there): each half of the
+// set is split while the tensor cores read the other. V(j) goes into the Vᵀ planes under
+// S(j) (which reads Q and K), K(j + 1) into the K planes under P·V(j) (which reads Vᵀ and
+// registers); of the two __syncthreads per tile, the first publishes Vᵀ(j) and frees K once
+// every S(j) has been waited for, the second publishes K(j + 1) and frees Vᵀ once every
+// P·V(j) has. Staging as the overlapped pipeline's (each thread splits and reloads only
+// its own chunks), so no barrier guards it; K and V land in cp.async groups of their own,
+// committed alternately (one group per thread and half-tile, empty past the last tile), so
+// that waiting for all but the newest always means the half about to be split.
 template <class Cfg, class Logits>
-void launch_tf32x3_sm90_forward(const AttentionParams& p, cudaStream_t stream) {
-  auto* kernel = [] {
-    if constexpr (Cfg::kOverlapSplit)
-      return &tf32x3_sm90_overlap_kernel<Cfg, Logits>;
-    else
-      return &tf32x3_sm90_forward_kernel<Cfg, Logits>;
-  }();
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    tf32x3_sm90_staggered_kernel(const AttentionParams p) {
+  static_assert(!Cfg::kOverlapSplit, "the staggered pipeline runs on one set of planes");
+  constexpr int kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const Tf32Sm90Smem<Cfg> sm(smem_raw);
+  const Tf32Sm90Work work(p, Cfg::kBlockM, kBlockN);
+  if (work.idle()) return;
+  const int n_tiles = work.blocks.count();
+  const SeqlenInfo<int>& seq = work.seq;
+  const float* k_head = static_cast<const float*>(p.k) + seq.k_offset(p, work.b, 0, work.hk);
+  const float* v_head = static_cast<const float*>(p.v) + seq.v_offset(p, work.b, 0, work.hk);
+  const int head_dim = static_cast<int>(p.head_dim);
+
+  load_q_swizzled<Cfg>(sm.q_big,
+                       static_cast<const float*>(p.q) + seq.q_offset(p, work.b, work.row_start, work.h),
+                       p.q_row_stride, seq.seqlen_q - work.row_start);
+  // Raw K (or V) rows of tile `tile` into this thread's staging chunks (zero past the end);
+  // one commit either way.
+  auto issue_k = [&](int tile) {
+    if (tile < n_tiles) {
+      const int n0 = work.key_block(tile) * kBlockN;
+      load_tile<Cfg, kBlockN, kD, true>(sm.k_raw_ptr, k_head + n0 * p.k_row_stride,
+                                        p.k_row_stride, seq.seqlen_k - n0, head_dim);
+    }
+    ptx::cp_async_commit();
+  };
+  auto issue_v = [&](int tile) {
+    if (tile < n_tiles) {
+      const int n0 = work.key_block(tile) * kBlockN;
+      load_v_blocks<Cfg>(sm.v_raw_ptr, v_head + n0 * p.v_row_stride, p.v_row_stride,
+                         seq.seqlen_k - n0);
+    }
+    ptx::cp_async_commit();
+  };
+  issue_k(0);  // (one group with Q)
+  issue_v(0);
+  ptx::cp_async_wait<0>();  // Q, K(0) and V(0), this thread's chunks
+  split_q<Cfg>(sm);
+  if (n_tiles > 0) split_own_k<Cfg>(sm, 0);
+  issue_k(1);  // into the chunks this thread has just split
+  ptx::fence_proxy_async_shared();
+  __syncthreads();
+
+  const LogitsTransform<float> logits = logits_transform<float>(p, work.b, work.h);
+  Tf32Sm90Consumer<Cfg, Logits> consumer;
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    consumer.issue_scores(sm.q_big, sm.q_small, sm.k_big(0), sm.k_small(0));
+    // Under S(tile): V(tile) into the Vᵀ planes (no P·V reads them: every P·V(tile - 1)
+    // was waited for before the last barrier). The newest group is K(tile + 1).
+    ptx::cp_async_wait<1>();
+    split_own_v<Cfg>(sm, 0);
+    issue_v(tile + 1);
+    ptx::fence_proxy_async_shared();
+    consumer.softmax(work.mask, work.blocks, logits, work.row_start, work.last_row,
+                     work.key_block(tile));
+    __syncthreads();  // Vᵀ(tile) complete; every S(tile) done, so the K planes are free
+    consumer.accumulate_pv(sm.vt_big(0), sm.vt_small(0), [&] {
+      if (tile + 1 < n_tiles) {  // under P·V(tile): K(tile + 1); the newest is V(tile + 1)
+        ptx::cp_async_wait<1>();
+        split_own_k<Cfg>(sm, 0);
+        issue_k(tile + 2);
+        ptx::fence_proxy_async_shared();
+      }
+    });
+    __syncthreads();  // K(tile + 1) complete; every P·V(tile) done, so Vᵀ is free
+  }
+  ptx::cp_async_wait<0>();  // only empty groups remain (or Q's, when no tile ran)
+  consumer.store(p, seq, work.mask, work.b, work.h, work.row_start);
+}
+
+// One kernel's launch: its shared memory raised once per device, one CTA per query block
+// of each (head, batch).
+template <class Cfg, auto kKernel>
+void launch_tf32x3_sm90(const AttentionParams& p, cudaStream_t stream, const char* name) {
   static std::atomic<uint64_t> smem_raised{0};  // one per kernel
-  raise_smem_limit_once(kernel, Cfg::kSmemBytes, p.device_index, smem_raised);
+  raise_smem_limit_once(kKernel, Cfg::kSmemBytes, p.device_index, smem_raised);
   const int query_blocks = static_cast<int>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
   const dim3 grid(static_cast<unsigned>(query_blocks), static_cast<unsigned>(p.heads_q),
                   static_cast<unsigned>(p.batch));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  check_launch("tf32x3_sm90_forward_kernel");
+  kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  check_launch(name);
 }
 
-// One head dim's kernels (instantiated in sm90_hdim<D>.cu): one per LogitsFlags.
+// One head dim's kernels (instantiated in sm90_hdim<D>.cu): one per LogitsFlags and, with
+// one set of planes (d=128), per split schedule (FLASHTILE_TF32X3_SM90_SPLIT, sm90.hpp).
 template <int kHeadDim>
 void run_tf32x3_sm90_forward(const AttentionParams& p, cudaStream_t stream) {
+  using Cfg = Tf32Sm90Traits<kHeadDim>;
+  const Tf32Sm90Split split = tf32x3_sm90_split_from_environment();
   with_logits_flags(p, [&](auto flags) {
-    launch_tf32x3_sm90_forward<Tf32Sm90Traits<kHeadDim>, decltype(flags)>(p, stream);
+    using Logits = decltype(flags);
+    if constexpr (Cfg::kOverlapSplit) {
+      (void)split;  // two plane sets: the overlapped pipeline, whatever the setting
+      launch_tf32x3_sm90<Cfg, &tf32x3_sm90_overlap_kernel<Cfg, Logits>>(
+          p, stream, "tf32x3_sm90_overlap_kernel");
+    } else if (split == Tf32Sm90Split::staggered) {
+      launch_tf32x3_sm90<Cfg, &tf32x3_sm90_staggered_kernel<Cfg, Logits>>(
+          p, stream, "tf32x3_sm90_staggered_kernel");
+    } else {
+      launch_tf32x3_sm90<Cfg, &tf32x3_sm90_forward_kernel<Cfg, Logits>>(
+          p, stream, "tf32x3_sm90_forward_kernel");
+    }
   });
 }
 
