@@ -20,6 +20,7 @@
 #include "support/device_case.hpp"
 #include "support/large_offsets.hpp"
 #include "support/oracle_check.hpp"
+#include "support/scoped_env.hpp"
 #include "support/variants.hpp"
 #if FLASHTILE_WITH_SM90
 #include "cuda/04_sm90/sm90.hpp"
@@ -112,33 +113,15 @@ TEST(Sm90Pieces, PVProductMatchesHost) {
 // ---- attention against the oracle --------------------------------------------------------
 
 // Pins the kernel's pipeline for one scope (FLASHTILE_SM90_PIPELINE, read at each call):
-// "tma_persistent" (step 4.6, never taken unpinned), "tma_ping_pong" (step 4.5), "tma_ws_overlap" (4.4), "tma_ws" (4.3, what most
-// d=64 dense calls take unpinned: launch_sm90_forward in kernel.cuh), "tma" (4.2) or
-// "cp_async" (4.1, what varlen calls take), or a 192-row one of step 4.7 (d=64 only). A TMA pipeline fails a call whose maps cannot be encoded, so a passing test
-// ran on the pipeline it names. The scope restores what was set before it, so a run pinned
+// "tma_persistent" (step 4.6, never taken unpinned), "tma_ping_pong" (step 4.5),
+// "tma_ws_overlap" (4.4), "tma_ws" (4.3, what most d=64 dense calls take unpinned:
+// launch_sm90_forward in kernel.cuh), "tma" (4.2) or "cp_async" (4.1, what varlen calls
+// take), or a 192-row one of step 4.7 (d=64 only). A TMA pipeline fails a call whose maps
+// cannot be encoded, so a passing test ran on the pipeline it names. The scope restores what was set before it, so a run pinned
 // from outside (FLASHTILE_SM90_PIPELINE=tma_persistent flashtile_cuda_sm90_tests) stays
 // pinned in the tests that do not pin.
-class ScopedVariable {
- public:
-  ScopedVariable(const char* variable, const char* value) : variable_(variable) {
-    if (const char* outer = std::getenv(variable); outer != nullptr) outer_ = outer;
-    setenv(variable, value, 1);
-  }
-  ~ScopedVariable() {
-    if (outer_)
-      setenv(variable_, outer_->c_str(), 1);
-    else
-      unsetenv(variable_);
-  }
-  ScopedVariable(const ScopedVariable&) = delete;
-  ScopedVariable& operator=(const ScopedVariable&) = delete;
-
- private:
-  const char* variable_;
-  std::optional<std::string> outer_;
-};
-struct ScopedPipeline : ScopedVariable {
-  explicit ScopedPipeline(const char* name) : ScopedVariable("FLASHTILE_SM90_PIPELINE", name) {}
+struct ScopedPipeline : testing::ScopedEnv {
+  explicit ScopedPipeline(const char* name) : ScopedEnv("FLASHTILE_SM90_PIPELINE", name) {}
 };
 constexpr const char* kPipelines[] = {"tma_persistent", "tma_ping_pong", "tma_ws_overlap",
                                       "tma_ws", "tma", "cp_async"};
@@ -483,7 +466,7 @@ TEST(CudaSm90Persistent, RunsRepeatBitwise) {
 TEST(CudaSm90Persistent, ThreeCtasRunEightItemsEach) {
   SKIP_WITHOUT_SM90_DEVICE();
   const ScopedPipeline pinned("tma_persistent");
-  const ScopedVariable capped("FLASHTILE_SM90_PERSISTENT_CTAS", "3");
+  const testing::ScopedEnv capped("FLASHTILE_SM90_PERSISTENT_CTAS", "3");
   int variant = 0;
   for (int64_t d : {64, 128, 256})
     for (int64_t sk : {100, 450})
@@ -504,7 +487,7 @@ TEST(CudaSm90Persistent, ThreeCtasRunEightItemsEach) {
 TEST(CudaSm90Persistent, RefusesABadCtaCap) {
   SKIP_WITHOUT_SM90_DEVICE();
   const ScopedPipeline pinned("tma_persistent");
-  const ScopedVariable capped("FLASHTILE_SM90_PERSISTENT_CTAS", "0");
+  const testing::ScopedEnv capped("FLASHTILE_SM90_PERSISTENT_CTAS", "0");
   AttentionCase c(shape_of(DType::bf16, 1, 200, 200, 2, 2, 64));
   DeviceCase d(c);
   d.out.buffer.fill_bytes(0xFF);

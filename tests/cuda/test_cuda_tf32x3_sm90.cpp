@@ -24,6 +24,7 @@
 #include "support/backend_grid.hpp"
 #include "support/device_case.hpp"
 #include "support/oracle_check.hpp"
+#include "support/scoped_env.hpp"
 #include "support/variants.hpp"
 
 namespace flashtile {
@@ -39,27 +40,7 @@ constexpr Backend kTf32x3 = Backend::cuda_tf32x3;
 
 #define SKIP_WITHOUT_TF32X3() FLASHTILE_SKIP_WITHOUT_BACKEND(kTf32x3)
 
-// Sets an environment variable for one scope (the backend's knobs are read per call).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value != nullptr)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testing::ScopedEnv;
 
 // Whether the wgmma kernels can run here: built for sm_90a and device 0 is 9.0.
 bool wgmma_device() {

@@ -3,13 +3,15 @@
 // split-KV combine when the keys are split, as a programmatic dependent launch on sm_90+).
 // The kernel and its journey note are in kernel.cuh.
 //
-// Three environment knobs, read per call (plan() and forward() agree on them):
+// Four environment knobs, read per call (plan() and forward() agree on them):
 //   FLASHTILE_TF32X3_SPLITS=N  pins the key splits to N (1 = never split; at most 16)
 //                              instead of choosing them from the SM count
 //   FLASHTILE_TF32X3_MODE=single  plain TF32 (one product, ~1e-3 relative error: it fails
 //                              the fp32 rule and is never the default); "split" = 3xTF32
 //   FLASHTILE_TF32X3_PATH=mma     the mma.sync kernel even where the wgmma one (step 2c,
 //                              sm_90a) would serve; "auto" (default) picks per call
+//   FLASHTILE_TF32X3_SM90_SPLIT=between  the wgmma path's d=128 split between two barriers
+//                              (step 2c) instead of "staggered" under the tensor work (sm90.hpp)
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
