@@ -3,7 +3,7 @@
 // (FLASHTILE_TF32X3_PATH=mma): the field's shapes at d 64 and 128 (odd lengths, sq != sk,
 // causal, GQA/MQA, strides), every variant, varlen, N = 131072 on one head, bitwise
 // repeatability, and the selector's choice. d=128 runs both of its split schedules
-// (FLASHTILE_TF32X3_SM90_SPLIT: staggered, the default, and between), which must also agree
+// (FLASHTILE_TF32X3_SM90_SPLIT: between, the default, and staggered), which must also agree
 // bitwise with each other (same products in the same order). The suite in
 // test_cuda_tf32x3.cpp runs the same backend (and so this path, on the default schedule,
 // wherever it is chosen). Every test skips without a capable
