@@ -440,6 +440,19 @@ struct Tf32Sm90Work {
   }
   __device__ __forceinline__ bool idle() const { return row_start >= seq.seqlen_q; }
   __device__ __forceinline__ int key_block(int tile) const { return blocks.end - 1 - tile; }
+  // Key 0 of this CTA's KV head in K and in V.
+  __device__ __forceinline__ const float* k_head(const AttentionParams& p) const {
+    return static_cast<const float*>(p.k) + seq.k_offset(p, b, 0, hk);
+  }
+  __device__ __forceinline__ const float* v_head(const AttentionParams& p) const {
+    return static_cast<const float*>(p.v) + seq.v_offset(p, b, 0, hk);
+  }
+  // This block's Q rows into the big Q plane, swizzled (cp.async; the caller commits).
+  template <class Cfg>
+  __device__ __forceinline__ void load_q(const AttentionParams& p, uint32_t q_big) const {
+    load_q_swizzled<Cfg>(q_big, static_cast<const float*>(p.q) + seq.q_offset(p, b, row_start, h),
+                         p.q_row_stride, seq.seqlen_q - row_start);
+  }
 };
 
 // The first pipeline (d=128): one set of planes; per tile every thread splits K and
@@ -456,13 +469,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (work.idle()) return;
   const int n_tiles = work.blocks.count();
   const SeqlenInfo<int>& seq = work.seq;
-  const float* k_head = static_cast<const float*>(p.k) + seq.k_offset(p, work.b, 0, work.hk);
-  const float* v_head = static_cast<const float*>(p.v) + seq.v_offset(p, work.b, 0, work.hk);
+  const float* k_head = work.k_head(p);
+  const float* v_head = work.v_head(p);
   const int head_dim = static_cast<int>(p.head_dim);
 
-  load_q_swizzled<Cfg>(sm.q_big,
-                       static_cast<const float*>(p.q) + seq.q_offset(p, work.b, work.row_start, work.h),
-                       p.q_row_stride, seq.seqlen_q - work.row_start);
+  work.load_q<Cfg>(p, sm.q_big);
   ptx::cp_async_commit();
   // Raw rows of tile `tile` into the staging area (step 2b's load_tile, zero past the end).
   auto issue_tile = [&](int tile) {
@@ -566,13 +577,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (work.idle()) return;
   const int n_tiles = work.blocks.count();
   const SeqlenInfo<int>& seq = work.seq;
-  const float* k_head = static_cast<const float*>(p.k) + seq.k_offset(p, work.b, 0, work.hk);
-  const float* v_head = static_cast<const float*>(p.v) + seq.v_offset(p, work.b, 0, work.hk);
+  const float* k_head = work.k_head(p);
+  const float* v_head = work.v_head(p);
   const int head_dim = static_cast<int>(p.head_dim);
 
-  load_q_swizzled<Cfg>(sm.q_big,
-                       static_cast<const float*>(p.q) + seq.q_offset(p, work.b, work.row_start, work.h),
-                       p.q_row_stride, seq.seqlen_q - work.row_start);
+  work.load_q<Cfg>(p, sm.q_big);
   // Raw rows of tile `tile` into this thread's staging chunks (zero past the end).
   auto issue_tile = [&](int tile) {
     if (tile < n_tiles) {
@@ -632,13 +641,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (work.idle()) return;
   const int n_tiles = work.blocks.count();
   const SeqlenInfo<int>& seq = work.seq;
-  const float* k_head = static_cast<const float*>(p.k) + seq.k_offset(p, work.b, 0, work.hk);
-  const float* v_head = static_cast<const float*>(p.v) + seq.v_offset(p, work.b, 0, work.hk);
+  const float* k_head = work.k_head(p);
+  const float* v_head = work.v_head(p);
   const int head_dim = static_cast<int>(p.head_dim);
 
-  load_q_swizzled<Cfg>(sm.q_big,
-                       static_cast<const float*>(p.q) + seq.q_offset(p, work.b, work.row_start, work.h),
-                       p.q_row_stride, seq.seqlen_q - work.row_start);
+  work.load_q<Cfg>(p, sm.q_big);
   // Raw K (or V) rows of tile `tile` into this thread's staging chunks (zero past the end);
   // one commit either way.
   auto issue_k = [&](int tile) {
