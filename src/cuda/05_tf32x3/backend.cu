@@ -192,8 +192,6 @@ bool wgmma_path_allowed() {
 }
 #endif
 
-}  // namespace
-
 // Which kernel a call runs (selection.hpp). The wgmma path (step 2c) serves what its
 // kernels cover: sm_90a code built and a 9.0 device, 3xTF32, head_dim 64 or 128 exactly,
 // rows on 16 bytes, and no key split (calls small enough to split keep the mma.sync kernel
@@ -202,17 +200,24 @@ bool wgmma_path_allowed() {
 // 50.2-64.0 at d=128 against mma.sync's 36.0-40.9 and 33.3-42.1, 1.31-1.54x at every
 // point, so it takes every call it covers. Not timed apart: varlen, windows, softcap,
 // ALiBi, sinks (correct on both: tests/cuda/test_cuda_tf32x3_sm90.cpp).
-Tf32x3Kernel tf32x3_kernel_for(const AttentionParams& p) {
+Tf32x3Kernel kernel_for(const AttentionParams& p, tf32x3::Precision precision,
+                        const SplitPlan& plan) {
 #if FLASHTILE_TF32X3_WITH_SM90
   const bool covered = device_facts(p.device_index).cc.number() == 90 &&
                        (p.head_dim == 64 || p.head_dim == 128) && tf32x3::rows_aligned_16(p) &&
-                       precision_from_environment() == tf32x3::Precision::split3 &&
-                       split_plan(p).splits == 1;
+                       precision == tf32x3::Precision::split3 && plan.splits == 1;
   if (covered && wgmma_path_allowed()) return Tf32x3Kernel::wgmma;
 #else
-  (void)p;
+  (void)p, (void)precision, (void)plan;
 #endif
   return Tf32x3Kernel::mma_sync;
+}
+
+}  // namespace
+
+// selection.hpp: the same choice, from the environment and the SM count.
+Tf32x3Kernel tf32x3_kernel_for(const AttentionParams& p) {
+  return kernel_for(p, precision_from_environment(), split_plan(p));
 }
 
 namespace {
@@ -220,8 +225,10 @@ namespace {
 void run_tf32x3(const AttentionParams& p) {
   const DeviceGuard on_device(p.device_index);
   auto stream = static_cast<cudaStream_t>(p.stream);
+  const tf32x3::Precision precision = precision_from_environment();
+  const SplitPlan plan = split_plan(p);
 #if FLASHTILE_TF32X3_WITH_SM90
-  if (tf32x3_kernel_for(p) == Tf32x3Kernel::wgmma) {
+  if (kernel_for(p, precision, plan) == Tf32x3Kernel::wgmma) {
     if (p.head_dim == 64)
       tf32x3::run_tf32x3_sm90_forward<64>(p, stream);
     else
@@ -229,8 +236,6 @@ void run_tf32x3(const AttentionParams& p) {
     return;
   }
 #endif
-  const tf32x3::Precision precision = precision_from_environment();
-  const SplitPlan plan = split_plan(p);
   tf32x3::SplitArgs args;
   args.splits = plan.splits;
   if (plan.splits == 1) {
