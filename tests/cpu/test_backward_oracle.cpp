@@ -11,6 +11,7 @@
 #include <random>
 
 #include "backward_case.hpp"
+#include "support/backend_grid.hpp"
 #include "support/variants.hpp"
 #include "common/numeric.hpp"
 #include "flashtile/reference.hpp"
@@ -22,6 +23,7 @@ namespace {
 using testing::AttentionCase;
 using testing::HostTensor;
 using testing::Shape;
+using testing::shape_of;
 using testing::Variant;
 using testing::with_variant;
 
@@ -123,40 +125,31 @@ TEST(BackwardOracle, MatchesFiniteDifferencesForEveryVariant) {
     }
 }
 
+// A packed batch with empty and length-1 sequences and seqused_k leaving keys unused (their
+// gradient is 0).
+Shape small_packed_batch() {
+  Shape s;
+  s.heads_q = 2;
+  s.heads_kv = 1;
+  s.head_dim = 3;
+  s.varlen_q = {3, 0, 1, 4};
+  s.varlen_k = {4, 2, 1, 5};
+  s.seqused_k = {4, 2, 0, 3};
+  return s;
+}
+
 TEST(BackwardOracle, MatchesFiniteDifferencesOnVarlen) {
-  // Empty and length-1 sequences, seqused_k leaving keys unused (their gradient is 0).
-  for (const Variant& v : kVariants) {
-    Shape s;
-    s.heads_q = 2;
-    s.heads_kv = 1;
-    s.head_dim = 3;
-    s.varlen_q = {3, 0, 1, 4};
-    s.varlen_k = {4, 2, 1, 5};
-    s.seqused_k = {4, 2, 0, 3};
-    check_case(with_variant(s, v), std::string("varlen ") + v.name);
-  }
+  for (const Variant& v : kVariants)
+    check_case(with_variant(small_packed_batch(), v), std::string("varlen ") + v.name);
 }
 
 TEST(BackwardOracle, MatchesFiniteDifferencesWithAGradientIntoTheLse) {
   // The loss uses the LSE too (∂lse/∂s = P): every variant, dense with GQA and sq != sk,
   // and varlen with empty sequences and a row that sees no key (no NaN from it).
   for (const Variant& v : kVariants) {
-    Shape s;
-    s.batch = 2;
-    s.seqlen_q = 6;
-    s.seqlen_k = 4;
-    s.heads_q = 4;
-    s.heads_kv = 2;
-    s.head_dim = 3;
-    check_case(with_variant(s, v), std::string("dlse ") + v.name, /*lse_gradient=*/true);
-    Shape packed;
-    packed.heads_q = 2;
-    packed.heads_kv = 1;
-    packed.head_dim = 3;
-    packed.varlen_q = {3, 0, 1, 4};
-    packed.varlen_k = {4, 2, 1, 5};
-    packed.seqused_k = {4, 2, 0, 3};
-    check_case(with_variant(packed, v), std::string("dlse varlen ") + v.name,
+    check_case(with_variant(shape_of(DType::f32, 2, 6, 4, 4, 2, 3), v),
+               std::string("dlse ") + v.name, /*lse_gradient=*/true);
+    check_case(with_variant(small_packed_batch(), v), std::string("dlse varlen ") + v.name,
                /*lse_gradient=*/true);
   }
 }

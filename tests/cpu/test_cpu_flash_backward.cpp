@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include "backward_case.hpp"
+#include "support/backend_grid.hpp"
 #include "support/variants.hpp"
 
 namespace flashtile {
@@ -130,15 +131,8 @@ TEST_P(CpuFlashBackward, GradientIntoTheLse) {
   size_t n = 0;
   for (const Variant& v : variants()) {
     for (auto [sq, sk] : {std::pair{77, 130}, std::pair{130, 77}}) {
-      Shape s;
-      s.batch = 2;
-      s.seqlen_q = sq;
-      s.seqlen_k = sk;
-      s.heads_q = 4;
-      s.heads_kv = 2;
-      s.head_dim = 40;
+      Shape s = testing::shape_of(GetParam(), 2, sq, sk, 4, 2, 40);
       s.strided = sq > sk;
-      s.dtype = GetParam();
       BackwardCase c(with_variant(s, v));
       c.draw_lse_gradient(static_cast<uint32_t>(7 + n++));
       c.run(Backend::cpu_flash);
