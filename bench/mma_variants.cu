@@ -231,8 +231,8 @@ struct Bench {
   }
 
   // Causal windows (L, 0), 16k, d=128, through the plain aligned kernel called directly: the
-  // schedules of kernel.cuh (BlockSchedule) one piece at a time, and another tile shape
-  // (docs/JOURNEY.md 3g). GridSchedule on traits' shape is main's kernel; the library takes
+  // two schedules of kernel.cuh (BlockSchedule), on traits' shape and another tile shape
+  // (docs/JOURNEY.md 3g; its L2-prefetch rows came from branch feat/window). GridSchedule on traits' shape is main's kernel; the library takes
   // WindowSchedule (traits.cuh) for these calls. 3f's 16-rows-a-warp shapes (M64 N64 W4,
   // M64 N32 W4: 0.60 ms against 0.51) are left out.
   template <class Cfg, class Schedule>
@@ -252,7 +252,6 @@ struct Bench {
     const std::array<int64_t, 4> shape = {1, 16384, kHidden / 128, 128};
     const TensorView q = view(buf.q, shape), k = view(buf.k, shape), v = view(buf.v, shape),
                      out = view(buf.o, shape);
-    using detail::mma::BlockSchedule;
     using detail::mma::GridSchedule;
     using detail::mma::MmaConfig;
     using detail::mma::WindowSchedule;
@@ -267,15 +266,10 @@ struct Bench {
       window_shape_one<Traits, GridSchedule>("grid (main)", p, flops);
       window_shape_one<Traits, WindowSchedule>("block-major (library)", p, flops);
       if (left != 1024) continue;
-      // The L2 prefetch, which lost (3g): alone, and beside the order at three distances.
-      window_shape_one<Traits, BlockSchedule<false, 4>>("grid + L2 4", p, flops);
-      window_shape_one<Traits, BlockSchedule<true, 2>>("block-major + L2 2", p, flops);
-      window_shape_one<Traits, BlockSchedule<true, 4>>("block-major + L2 4", p, flops);
-      window_shape_one<Traits, BlockSchedule<true, 8>>("block-major + L2 8", p, flops);
       // 2 warps of 32 rows, 32-key tiles, 4 CTAs/SM: 1088 keys a block (tile floor 7.8x).
       using M64 = MmaConfig<128, 64, 32, 2, 2, false, 4>;
       window_shape_one<M64, GridSchedule>("grid", p, flops);
-      window_shape_one<M64, BlockSchedule<true, 4>>("block-major + L2 4", p, flops);
+      window_shape_one<M64, WindowSchedule>("block-major", p, flops);
     }
   }
 

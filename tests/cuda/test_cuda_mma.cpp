@@ -227,7 +227,7 @@ TEST(CudaMma, WindowEdgesAndEmptyRows) {
 }
 
 // Sliding windows with a bounded left side and plain logits take traits.cuh's
-// WindowSchedule (a block-major 1D grid and L2 prefetches): window sizes below, at and above
+// WindowSchedule (a block-major 1D grid): window sizes below, at and above
 // a 64-key tile and a 128-row block, right sides 0, > 0 and unbounded, sq != sk both ways,
 // MHA/GQA/MQA, several batch entries and heads (the 1D grid's decoding into head and batch
 // entry), head dims 96 and 128 (64 and 256 keep the grid: traits.cuh kWindowScheduleFits)
@@ -258,8 +258,8 @@ TEST(CudaMma, WindowScheduleMatchesOracle) {
     }
 }
 
-// The same schedule on packed varlen batches: blocks past a short sequence's end exit (and
-// are no CTA's prefetch target), windows cut inside and across sequences, seqused_k.
+// The same schedule on packed varlen batches: blocks past a short sequence's end exit,
+// windows cut inside and across sequences, seqused_k.
 TEST(CudaMma, WindowScheduleVarlenMatchesOracle) {
   SKIP_WITHOUT_MMA_DEVICE();
   struct Batch {

@@ -122,24 +122,19 @@ struct MmaConfig {
                 "the FMA-pipe exp2 takes some of a tile's n-tiles");
 };
 
-// How a launch assigns CTAs to (batch entry, head, query block), and what each CTA asks L2
-// for ahead of its copies (docs/JOURNEY.md 3g).
+// How a launch assigns CTAs to (batch entry, head, query block) (docs/JOURNEY.md 3g).
 //   kBlockMajor: a 1D grid with the query block outermost: the heaviest block of every head
 //     first, the lightest of every head last (under a sliding window the first blocks of
 //     each head are the short ones, and they fill the last wave); else the grid
-//     (query block, head, batch entry), query block fastest
-//   kL2PrefetchTiles: each CTA prefetches into L2 the K/V tile this many visits ahead of the
-//     one it computes, and at its start the Q rows and first K/V tiles of the block that the
-//     CTA one resident set later (SMs × kMinBlocks launches on) computes; 0 = no prefetch.
-//     Measured to lose (+3..5% at window (1024, 0), d=128: JOURNEY 3g); a bench knob only.
-template <bool kBlockMajor_, int kL2PrefetchTiles_>
+//     (query block, head, batch entry), query block fastest.
+// (3g also measured an L2 prefetch of K/V tiles ahead and of the next resident block's Q:
+// +3..5% at window (1024, 0), d=128, so it was removed; it is on branch feat/window.)
+template <bool kBlockMajor_>
 struct BlockSchedule {
   static constexpr bool kBlockMajor = kBlockMajor_;
-  static constexpr int kL2PrefetchTiles = kL2PrefetchTiles_;
-  static_assert(kL2PrefetchTiles >= 0, "a prefetch distance in tiles, 0 = none");
 };
-// Dense and causal calls: the grid as it always was, no prefetch.
-using GridSchedule = BlockSchedule<false, 0>;
+// Dense and causal calls: the grid as it always was.
+using GridSchedule = BlockSchedule<false>;
 
 // The query block a CTA computes: its rank in heaviest-first order among `count` blocks of
 // one sequence, the head and the batch entry.
@@ -148,34 +143,15 @@ struct BlockCoords {
   int64_t h, b;
 };
 
-// Coordinates of the CTA with linear launch index `linear` (x fastest, as CUDA launches them).
-template <class Schedule, class Cfg>
-__device__ __forceinline__ BlockCoords block_coords(const AttentionParams& p, int64_t linear) {
-  if constexpr (Schedule::kBlockMajor) {  // linear < 2^31 (block_major_grid_fits)
-    const int count = static_cast<int>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
-    const int heads = static_cast<int>(p.heads_q);
-    const int per_rank = heads * static_cast<int>(p.batch);
-    const int rest = static_cast<int>(linear) % per_rank;
-    return {static_cast<int>(linear) / per_rank, count, rest % heads, rest / heads};
-  } else {
-    const int64_t yz = linear / gridDim.x;
-    return {static_cast<int>(linear % gridDim.x), static_cast<int>(gridDim.x), yz % gridDim.y,
-            yz / gridDim.y};
-  }
-}
-
-// This CTA's index in launch order.
-__device__ __forceinline__ int64_t linear_block_index() {
-  return blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
-}
-
-// CTAs resident at once if every SM holds kMinBlocks of them: where the CTA that takes this
-// one's place is in the launch order (approximately: CTAs do not end in launch order).
+// Coordinates of the block-major CTA with 1D launch index `linear` (< 2^31:
+// block_major_grid_fits).
 template <class Cfg>
-__device__ __forceinline__ int resident_ctas() {
-  unsigned sms;
-  asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-  return static_cast<int>(sms) * Cfg::kMinBlocks;
+__device__ __forceinline__ BlockCoords block_major_coords(const AttentionParams& p, int linear) {
+  const int count = static_cast<int>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
+  const int heads = static_cast<int>(p.heads_q);
+  const int per_rank = heads * static_cast<int>(p.batch);
+  const int rest = linear % per_rank;
+  return {linear / per_rank, count, rest % heads, rest / heads};
 }
 
 // Whether a 1D block-major grid of p's blocks fits CUDA's 2^31 - 1 CTAs (the launcher and
@@ -184,79 +160,6 @@ template <class Cfg>
 inline bool block_major_grid_fits(const AttentionParams& p) {
   const int64_t blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   return blocks * p.heads_q * p.batch <= int64_t(INT32_MAX);
-}
-
-// Asks L2 for rows [0, valid_rows) of a (kRows, head_dim) tile of a strided tensor (row 0
-// at `src`, `row_stride` elements apart): one prefetch.global.L2 per 128-byte line, each
-// thread always the same line of every kRowsPerPass-th row. Nothing waits for it and no
-// register stays live, so a tile's first touch of HBM can start several tiles before the
-// cp.async ring copies it. Only lines inside the rows are named (a row that does not start
-// on 128 bytes may leave its last partial line to the copy: a prefetch that falls short
-// costs time, never correctness).
-template <int kThreads, int kRows, int kMaxRowBytes, class T>
-__device__ __forceinline__ void prefetch_rows_l2(const T* src, int64_t row_stride, int valid_rows,
-                                                 int head_dim) {
-  constexpr int kLinesPerRow = (kMaxRowBytes + 127) / 128;
-  static_assert(kThreads % kLinesPerRow == 0, "each thread prefetches one line of its rows");
-  constexpr int kRowsPerPass = kThreads / kLinesPerRow;
-  const int line = threadIdx.x % kLinesPerRow, row0 = threadIdx.x / kLinesPerRow;
-  if (line * 128 >= head_dim * static_cast<int>(sizeof(T))) return;
-#pragma unroll
-  for (int row = row0; row < kRows; row += kRowsPerPass)
-    if (row < valid_rows)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(
-          reinterpret_cast<const char*>(src + row * row_stride) + line * 128));
-}
-
-// One K/V tile (`rows` keys from k_rows and v_rows) into L2.
-template <class T, class Cfg>
-__device__ __forceinline__ void prefetch_kv_tile_l2(const AttentionParams& p, const T* k_rows,
-                                                    const T* v_rows, int rows) {
-  constexpr int kMaxRowBytes = Cfg::kHeadDim * static_cast<int>(sizeof(T));
-  const int head_dim = static_cast<int>(p.head_dim);
-  prefetch_rows_l2<Cfg::kThreads, Cfg::kBlockN, kMaxRowBytes>(k_rows, p.k_row_stride, rows,
-                                                              head_dim);
-  prefetch_rows_l2<Cfg::kThreads, Cfg::kBlockN, kMaxRowBytes>(v_rows, p.v_row_stride, rows,
-                                                              head_dim);
-}
-
-// The K/V tile of the `tile`-th visit of `blocks` (visited last-first), when there is one.
-template <class T, class Cfg>
-__device__ __forceinline__ void prefetch_visit_l2(const AttentionParams& p,
-                                                  const SeqlenInfo<int>& seq,
-                                                  const KeyBlocks<int>& blocks, const T* k_head,
-                                                  const T* v_head, int tile) {
-  if (tile >= blocks.count()) return;
-  const int n0 = (blocks.end - 1 - tile) * Cfg::kBlockN;
-  prefetch_kv_tile_l2<T, Cfg>(p, k_head + n0 * p.k_row_stride, v_head + n0 * p.v_row_stride,
-                              min(Cfg::kBlockN, seq.seqlen_k - n0));
-}
-
-// The block of the CTA one resident set later in launch order, which will most likely take
-// this CTA's place: its Q rows and the first kStages K/V tiles it visits, into L2, so that
-// its prologue reads L2 instead of waiting on HBM with every other CTA of its wave.
-template <class T, class Cfg, class Schedule>
-__device__ __forceinline__ void prefetch_successor_l2(const AttentionParams& p) {
-  const int64_t successor = linear_block_index() + resident_ctas<Cfg>();
-  if (successor >= int64_t(gridDim.x) * gridDim.y * gridDim.z) return;
-  const BlockCoords next = block_coords<Schedule, Cfg>(p, successor);
-  const SeqlenInfo<int> seq(p, next.b);
-  const int row_start =
-      heaviest_first_block(p.window_left, p.window_right, next.rank, next.count) * Cfg::kBlockM;
-  if (row_start >= seq.seqlen_q) return;
-  const int row_end = min(row_start + Cfg::kBlockM, seq.seqlen_q);
-  constexpr int kMaxRowBytes = Cfg::kHeadDim * static_cast<int>(sizeof(T));
-  prefetch_rows_l2<Cfg::kThreads, Cfg::kBlockM, kMaxRowBytes>(
-      static_cast<const T*>(p.q) + seq.q_offset(p, next.b, row_start, next.h), p.q_row_stride,
-      row_end - row_start, static_cast<int>(p.head_dim));
-  const KeyBlocks<int> blocks = key_blocks(seq.mask(p), row_start, row_end, Cfg::kBlockN);
-  const int64_t hk = next.h / p.heads_per_kv();
-  for (int tile = 0; tile < min(Cfg::kStages, blocks.count()); ++tile) {
-    const int n0 = (blocks.end - 1 - tile) * Cfg::kBlockN;  // visited last-first
-    prefetch_kv_tile_l2<T, Cfg>(p, static_cast<const T*>(p.k) + seq.k_offset(p, next.b, n0, hk),
-                                static_cast<const T*>(p.v) + seq.v_offset(p, next.b, n0, hk),
-                                min(Cfg::kBlockN, seq.seqlen_k - n0));
-  }
 }
 
 // Logits: LogitsFlags (attn/features.hpp) or RuntimeLogits. kAligned: every row of q, k, v
@@ -282,7 +185,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // The block-major schedule decodes its 1D index; GridSchedule reads the grid where it
   // always did (moving those reads changed the dense kernels' register allocation).
   BlockCoords at{};
-  if constexpr (Schedule::kBlockMajor) at = block_coords<Schedule, Cfg>(p, blockIdx.x);
+  if constexpr (Schedule::kBlockMajor)
+    at = block_major_coords<Cfg>(p, static_cast<int>(blockIdx.x));
   const int64_t h = Schedule::kBlockMajor ? at.h : blockIdx.y;
   const int64_t b = Schedule::kBlockMajor ? at.b : blockIdx.z, hk = h / p.heads_per_kv();
   // Where sequence b lives and how long it is (dense or varlen); the grid covers the
@@ -351,13 +255,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue_tile(s);
-  // The windowed schedule's L2 look-ahead (aligned path only: the narrow one is a fallback).
-  constexpr int kL2PrefetchTiles = Schedule::kL2PrefetchTiles;
-  if constexpr (kL2PrefetchTiles > 0 && kAligned) {
-    for (int tile = kStages - 1; tile < kL2PrefetchTiles; ++tile)
-      prefetch_visit_l2<T, Cfg>(p, seq, blocks, k_head, v_head, tile);
-    prefetch_successor_l2<T, Cfg, Schedule>(p);
-  }
 
   // Per-lane ldmatrix addressing. Every fragment row index is (multiple of 8) + lane % 8,
   // so row % 8 == lane % 8 for all of them.
@@ -433,8 +330,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     ptx::cp_async_wait<kStages - 2>();  // this tile's K and V have landed (for this thread)
     __syncthreads();                    // ... for every thread; the oldest stage is free
     issue_tile(tile + kStages - 1);
-    if constexpr (kL2PrefetchTiles > 0 && kAligned)
-      prefetch_visit_l2<T, Cfg>(p, seq, blocks, k_head, v_head, tile + kL2PrefetchTiles);
 
     const uint32_t k_stage = smem_kv + (tile % kStages) * 2 * Cfg::kTileBytes;
     const uint32_t v_stage = k_stage + Cfg::kTileBytes;

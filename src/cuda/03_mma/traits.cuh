@@ -62,8 +62,8 @@ struct MmaTraits<256> : MmaConfig<256, 64, 32, 4, 2, false, 2> {};
 //   block-major + L2 prefetch, 2/4/8     0.5455 / 0.5418 / 0.5456
 //   grid + L2 prefetch 4                 0.5528
 // The L2 prefetches cost more issue than the traffic they were to hide (JOURNEY 3g), so the
-// library takes the order alone; the prefetch stays a knob of the bench.
-using WindowSchedule = BlockSchedule<true, 0>;
+// library takes the order alone (the prefetch was removed; branch feat/window has it).
+using WindowSchedule = BlockSchedule<true>;
 
 // Where the window schedule applies: the M128 N64 shape it was measured on (d=128; d=96 runs
 // the same shape). d=64 (M128 N128) and d=256 (M64 N32) keep GridSchedule until measured.
