@@ -503,14 +503,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int kk = 0; kk < kChunkTiles / 2; ++kk) {
         const int q_step = chunk * (kChunkTiles / 2) + kk;  // k-step in the whole block
         uint32_t pa[4], dsa[4];
-        pa[0] = ptx::pack2<T>(st[2 * kk][0], st[2 * kk][1]);
-        pa[1] = ptx::pack2<T>(st[2 * kk][2], st[2 * kk][3]);
-        pa[2] = ptx::pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]);
-        pa[3] = ptx::pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3]);
-        dsa[0] = ptx::pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]);
-        dsa[1] = ptx::pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]);
-        dsa[2] = ptx::pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
-        dsa[3] = ptx::pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+        ptx::accumulators_to_a<T>(st[2 * kk], st[2 * kk + 1], pa);
+        ptx::accumulators_to_a<T>(dpt[2 * kk], dpt[2 * kk + 1], dsa);
         // dSᵀ rows g and g+8 of this warp's keys, row chunks 2·q_step and 2·q_step+1
         // (conflict-free: the quad writes one 16-byte chunk, the 8 rows 8 distinct ones).
         const int key_row = warp_key0 + g;

@@ -94,6 +94,18 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return r;
 }
 
+// The m16n8k16 A fragment (16 rows x 16 k) from two fp32 accumulator tiles side by side (k
+// columns 0-7 in `lo`, 8-15 in `hi`): a lane's accumulator registers are already its A
+// registers, rows g then g + 8, so a product's output feeds the next product as it stands.
+template <class T>
+__device__ __forceinline__ void accumulators_to_a(const float (&lo)[4], const float (&hi)[4],
+                                                  uint32_t (&a)[4]) {
+  a[0] = pack2<T>(lo[0], lo[1]);
+  a[1] = pack2<T>(lo[2], lo[3]);
+  a[2] = pack2<T>(hi[0], hi[1]);
+  a[3] = pack2<T>(hi[2], hi[3]);
+}
+
 // 2^x on the special-function unit (one MUFU.EX2); ex2(-inf) = +0.
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
