@@ -27,7 +27,7 @@ note "unpacked: $(ls "$bin" | tr '\n' ' ')"
 # 1. Timings. The harness: the grid (before 3g), block-major (3g, main's library kernel) and
 # persistent block-major (3h) at windows 512..4096. The CLI line: main's binary and this
 # tree's, alternating, for causal, window (1024, 0) and full.
-timeout 40 "$bin/flashtile_mma_variants" --window-only --csv "$out/window_shapes.csv" \
+timeout 30 "$bin/flashtile_mma_variants" --window-only --csv "$out/window_shapes.csv" \
   > "$logs/window_shapes.log" 2>&1; echo "rc=$?" >> "$logs/window_shapes.log"
 grep -E "window|rc=" "$logs/window_shapes.log"; pack
 line=(bench --dtype bf16 --seqlen 16384 --heads 16 --head-dim 128 --backends cuda_mma --repeats 10)
@@ -46,14 +46,14 @@ note "timings done"; pack
 T=$bin/flashtile_cuda_mma_tests
 W='CudaMma.Window*:CudaMma.Persistent*'
 export OMP_NUM_THREADS=5
-( timeout 75 "$T" --gtest_filter="$W" > "$logs/window_tests.log" 2>&1
+( timeout 65 "$T" --gtest_filter="$W" > "$logs/window_tests.log" 2>&1
   echo "rc=$?" >> "$logs/window_tests.log" ) &
-( FLASHTILE_SMALL_GRID=1 timeout 75 "$T" --gtest_filter="-$W" > "$logs/other_tests.log" 2>&1
+( FLASHTILE_SMALL_GRID=1 timeout 65 "$T" --gtest_filter="-$W" > "$logs/other_tests.log" 2>&1
   echo "rc=$?" >> "$logs/other_tests.log" ) &
-( FLASHTILE_SMALL_GRID=1 timeout 35 compute-sanitizer --tool memcheck --error-exitcode 1 "$T" \
+( FLASHTILE_SMALL_GRID=1 timeout 28 compute-sanitizer --tool memcheck --error-exitcode 1 "$T" \
     --gtest_filter="$W" > "$logs/memcheck_window.log" 2>&1
   echo "rc=$?" >> "$logs/memcheck_window.log"
-  FLASHTILE_SMALL_GRID=1 timeout 40 compute-sanitizer --tool racecheck --error-exitcode 1 "$T" \
+  FLASHTILE_SMALL_GRID=1 timeout 35 compute-sanitizer --tool racecheck --error-exitcode 1 "$T" \
     --gtest_filter='CudaMma.PersistentWindowWalksManyBlocksPerCta' \
     > "$logs/racecheck_window.log" 2>&1; echo "rc=$?" >> "$logs/racecheck_window.log" ) &
 wait
