@@ -231,10 +231,9 @@ struct Bench {
   }
 
   // Causal windows (L, 0), 16k, d=128, through the plain aligned kernel called directly: the
-  // schedules of kernel.cuh (BlockSchedule), on traits' shape and another tile shape
-  // (docs/JOURNEY.md 3g and 3h; 3g's L2-prefetch rows came from branch feat/window).
-  // GridSchedule on traits' shape is main's kernel before 3g; the library takes
-  // WindowSchedule (traits.cuh, persistent since 3h) for these calls. 3f's 16-rows-a-warp shapes (M64 N64 W4,
+  // two schedules of kernel.cuh (BlockSchedule), on traits' shape and another tile shape
+  // (docs/JOURNEY.md 3g; its L2-prefetch rows came from branch feat/window). GridSchedule on traits' shape is main's kernel; the library takes
+  // WindowSchedule (traits.cuh) for these calls. 3f's 16-rows-a-warp shapes (M64 N64 W4,
   // M64 N32 W4: 0.60 ms against 0.51) are left out.
   template <class Cfg, class Schedule>
   void window_shape_one(const char* schedule, const detail::AttentionParams& p, double flops) {
@@ -253,7 +252,6 @@ struct Bench {
     const std::array<int64_t, 4> shape = {1, 16384, kHidden / 128, 128};
     const TensorView q = view(buf.q, shape), k = view(buf.k, shape), v = view(buf.v, shape),
                      out = view(buf.o, shape);
-    using detail::mma::BlockMajorSchedule;
     using detail::mma::GridSchedule;
     using detail::mma::MmaConfig;
     using detail::mma::WindowSchedule;
@@ -266,13 +264,12 @@ struct Bench {
       const detail::AttentionParams p = detail::validate({q, k, v, &out, nullptr, o});
       const double flops = 4.0 * p.heads_q * double(p.seqlen_q) * p.seqlen_q * p.head_dim / 2.0;
       window_shape_one<Traits, GridSchedule>("grid (main)", p, flops);
-      window_shape_one<Traits, BlockMajorSchedule>("block-major (3g)", p, flops);
-      window_shape_one<Traits, WindowSchedule>("persistent block-major (library, 3h)", p, flops);
+      window_shape_one<Traits, WindowSchedule>("block-major (library)", p, flops);
       if (left != 1024) continue;
       // 2 warps of 32 rows, 32-key tiles, 4 CTAs/SM: 1088 keys a block (tile floor 7.8x).
       using M64 = MmaConfig<128, 64, 32, 2, 2, false, 4>;
       window_shape_one<M64, GridSchedule>("grid", p, flops);
-      window_shape_one<M64, BlockMajorSchedule>("block-major", p, flops);
+      window_shape_one<M64, WindowSchedule>("block-major", p, flops);
     }
   }
 

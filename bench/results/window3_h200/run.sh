@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Run once, 2026-12-01 23:13 UTC, on commit 645bfee; the persistent kernel and its tests were
+# removed after it: docs/JOURNEY.md 3h. The logs beside this script are that call's.)
 # One device call for cuda_mma's persistent window schedule (docs/JOURNEY.md 3h), on binaries
 # built on the dev machine for sm_90a (stripped, xz-compressed in .devbin/ of this worktree):
 #   flashtile_cuda_mma_tests, flashtile_mma_variants (its "block-major (3g)" row is main's

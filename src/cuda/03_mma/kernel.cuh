@@ -48,13 +48,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
-#include <string>
 #include <type_traits>
 
 #include "attn/block_range.hpp"
@@ -130,18 +127,11 @@ struct MmaConfig {
 //     first, the lightest of every head last (under a sliding window the first blocks of
 //     each head are the short ones, and they fill the last wave); else the grid
 //     (query block, head, batch entry), query block fastest.
-//   kPersistent (block-major only): one resident set of CTAs (SMs x kMinBlocks), each
-//     walking the block-major order with a stride of the grid; the next block's Q and first
-//     K/V tiles are loaded while the current block's epilogue runs (its O is staged in the
-//     ring's last stage instead of Q's rows), so a block's start no longer waits on them
-//     (docs/JOURNEY.md 3h).
 // (3g also measured an L2 prefetch of K/V tiles ahead and of the next resident block's Q:
 // +3..5% at window (1024, 0), d=128, so it was removed; it is on branch feat/window.)
-template <bool kBlockMajor_, bool kPersistent_ = false>
+template <bool kBlockMajor_>
 struct BlockSchedule {
   static constexpr bool kBlockMajor = kBlockMajor_;
-  static constexpr bool kPersistent = kPersistent_;
-  static_assert(kBlockMajor || !kPersistent, "the persistent loop walks the block-major order");
 };
 // Dense and causal calls: the grid as it always was.
 using GridSchedule = BlockSchedule<false>;
@@ -164,44 +154,12 @@ __device__ __forceinline__ BlockCoords block_major_coords(const AttentionParams&
   return {linear / per_rank, count, rest % heads, rest / heads};
 }
 
-// Query blocks of a call, (batch entry, head, block) alike: the block-major order's length.
-template <class Cfg>
-__host__ __device__ __forceinline__ int64_t query_block_count(const AttentionParams& p) {
-  return (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM * p.heads_q * p.batch;
-}
-
 // Whether a 1D block-major grid of p's blocks fits CUDA's 2^31 - 1 CTAs (the launcher and
-// the dispatcher both ask), with room for the persistent loop's 32-bit index to step past
-// the last block by a grid (at most 2^20 CTAs: persistent_cta_cap).
+// the dispatcher both ask).
 template <class Cfg>
 inline bool block_major_grid_fits(const AttentionParams& p) {
-  return query_block_count<Cfg>(p) <= int64_t(INT32_MAX) - (int64_t(1) << 21);
-}
-
-// Where one query block's operands live and which key tiles it visits: what its cp.async
-// loads need. The persistent schedule builds the next block's during an epilogue.
-template <class T>
-struct BlockOperands {
-  const T* q_tile;  // the block's first query row, head h
-  const T* k_head;  // key row 0 of the block's sequence, kv head
-  const T* v_head;
-  int q_rows;       // query rows from the block's first to its sequence's end
-  int seqlen_k;
-  KeyBlocks<int> blocks;  // visited last-first: tile i is key block blocks.end - 1 - i
-};
-
-template <class T>
-__device__ __forceinline__ BlockOperands<T> block_operands(const AttentionParams& p,
-                                                           const SeqlenInfo<int>& seq,
-                                                           const KeyBlocks<int>& blocks,
-                                                           int64_t b, int64_t h, int row_start) {
-  const int64_t hk = h / p.heads_per_kv();
-  return {static_cast<const T*>(p.q) + seq.q_offset(p, b, row_start, h),
-          static_cast<const T*>(p.k) + seq.k_offset(p, b, 0, hk),
-          static_cast<const T*>(p.v) + seq.v_offset(p, b, 0, hk),
-          seq.seqlen_q - row_start,
-          seq.seqlen_k,
-          blocks};
+  const int64_t blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  return blocks * p.heads_q * p.batch <= int64_t(INT32_MAX);
 }
 
 // Logits: LogitsFlags (attn/features.hpp) or RuntimeLogits. kAligned: every row of q, k, v
@@ -224,390 +182,318 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
-  // The persistent schedule walks block-major items blockIdx.x, + gridDim.x, ...; every other
-  // schedule computes one block (the loop ends after it).
-  // (Items are below 2^31: block_major_grid_fits. Their count is re-read from p where needed
-  // rather than kept in a register through the tile loop.)
-  [[maybe_unused]] bool loads_in_flight = false;  // this item's Q and first tiles (persistent)
-  for (int item = blockIdx.x;; item += gridDim.x) {
-    if constexpr (Schedule::kPersistent)
-      if (item >= query_block_count<Cfg>(p)) return;
-    // The block-major schedule decodes its 1D index; GridSchedule reads the grid where it
-    // always did (moving those reads changed the dense kernels' register allocation).
-    BlockCoords at{};
-    if constexpr (Schedule::kBlockMajor)
-      at = block_major_coords<Cfg>(p, item);
-    const int64_t h = Schedule::kBlockMajor ? at.h : blockIdx.y;
-    const int64_t b = Schedule::kBlockMajor ? at.b : blockIdx.z, hk = h / p.heads_per_kv();
-    // Where sequence b lives and how long it is (dense or varlen); the grid covers the
-    // longest sequence, so blocks past this one's end have nothing to do.
-    const SeqlenInfo<int> seq(p, b);
-    const int row_start =
-        heaviest_first_block(p.window_left, p.window_right,
-                             Schedule::kBlockMajor ? at.rank : static_cast<int>(blockIdx.x),
-                             Schedule::kBlockMajor ? at.count : static_cast<int>(gridDim.x)) *
-        kBlockM;
-    if (row_start >= seq.seqlen_q) {
-      if constexpr (Schedule::kPersistent)
-        continue;
-      else
-        return;
-    }
-    const Mask<int> mask = seq.mask(p);
-    // Key tiles some row of this block sees, and those every row sees whole (no mask);
-    // they are visited last-first, so tile i is key block blocks.end - 1 - i.
-    const KeyBlocks<int> blocks =
-        key_blocks(mask, row_start, min(row_start + kBlockM, seq.seqlen_q), kBlockN);
-    const int n_tiles = blocks.count();
-    const int head_dim = static_cast<int>(p.head_dim);
-    const int valid_chunks = head_dim / 8;  // the aligned path's whole chunks
+  // The block-major schedule decodes its 1D index; GridSchedule reads the grid where it
+  // always did (moving those reads changed the dense kernels' register allocation).
+  BlockCoords at{};
+  if constexpr (Schedule::kBlockMajor)
+    at = block_major_coords<Cfg>(p, static_cast<int>(blockIdx.x));
+  const int64_t h = Schedule::kBlockMajor ? at.h : blockIdx.y;
+  const int64_t b = Schedule::kBlockMajor ? at.b : blockIdx.z, hk = h / p.heads_per_kv();
+  // Where sequence b lives and how long it is (dense or varlen); the grid covers the
+  // longest sequence, so blocks past this one's end have nothing to do.
+  const SeqlenInfo<int> seq(p, b);
+  const int row_start =
+      heaviest_first_block(p.window_left, p.window_right,
+                           Schedule::kBlockMajor ? at.rank : static_cast<int>(blockIdx.x),
+                           Schedule::kBlockMajor ? at.count : static_cast<int>(gridDim.x)) *
+      kBlockM;
+  if (row_start >= seq.seqlen_q) return;
+  const Mask<int> mask = seq.mask(p);
+  // Key tiles some row of this block sees, and those every row sees whole (no mask);
+  // they are visited last-first, so tile i is key block blocks.end - 1 - i.
+  const KeyBlocks<int> blocks =
+      key_blocks(mask, row_start, min(row_start + kBlockM, seq.seqlen_q), kBlockN);
+  const int n_tiles = blocks.count();
+  const int head_dim = static_cast<int>(p.head_dim);
+  const int valid_chunks = head_dim / 8;  // the aligned path's whole chunks
 
-    // (Built here as main's kernel always built them: block_operands() in its place changed
-    // the dense kernels' SASS.)
-    const BlockOperands<T> block{static_cast<const T*>(p.q) + seq.q_offset(p, b, row_start, h),
-                                 static_cast<const T*>(p.k) + seq.k_offset(p, b, 0, hk),
-                                 static_cast<const T*>(p.v) + seq.v_offset(p, b, 0, hk),
-                                 seq.seqlen_q - row_start, seq.seqlen_k, blocks};
-    // The narrow path's access widths (elements), from each tensor's alignment.
-    int q_granule = 8, k_granule = 8, v_granule = 8;
-    if constexpr (!kAligned) {
-      q_granule = access_granule(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-      k_granule = access_granule(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-      v_granule = access_granule(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-    }
+  const T* q_tile = static_cast<const T*>(p.q) + seq.q_offset(p, b, row_start, h);
+  const T* k_head = static_cast<const T*>(p.k) + seq.k_offset(p, b, 0, hk);
+  const T* v_head = static_cast<const T*>(p.v) + seq.v_offset(p, b, 0, hk);
+  // The narrow path's access widths (elements), from each tensor's alignment.
+  int q_granule = 8, k_granule = 8, v_granule = 8;
+  if constexpr (!kAligned) {
+    q_granule = access_granule(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+    k_granule = access_granule(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+    v_granule = access_granule(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  }
 
-    // One cp.async group for a block's Q, one for each of its K/V tiles.
-    auto issue_q = [&](const BlockOperands<T>& ops) {
-      if constexpr (kAligned)
-        load_tile_async<Cfg, kBlockM>(smem_q, ops.q_tile, p.q_row_stride, ops.q_rows, valid_chunks);
-      else
-        load_tile_narrow<Cfg, kBlockM>(smem, ops.q_tile, p.q_row_stride, ops.q_rows, head_dim,
-                                       q_granule);
-      ptx::cp_async_commit();
-    };
-    auto issue_tile_of = [&](const BlockOperands<T>& ops, int tile) {
-      if (tile < ops.blocks.count()) {
-        const int n0 = (ops.blocks.end - 1 - tile) * kBlockN;
-        const int stage_offset = (tile % kStages) * 2 * Cfg::kTileBytes;
-        const T* k_rows = ops.k_head + n0 * p.k_row_stride;
-        const T* v_rows = ops.v_head + n0 * p.v_row_stride;
-        const int valid_rows = ops.seqlen_k - n0;
-        if constexpr (kAligned) {
-          const uint32_t stage = smem_kv + stage_offset;
-          if (valid_rows >= kBlockN) {  // every tile but the one holding the end of K
-            load_full_tile_async<Cfg, kBlockN>(stage, k_rows, p.k_row_stride, valid_chunks);
-            load_full_tile_async<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_rows, p.v_row_stride,
-                                               valid_chunks);
-          } else {
-            load_tile_async<Cfg, kBlockN>(stage, k_rows, p.k_row_stride, valid_rows, valid_chunks);
-            load_tile_async<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_rows, p.v_row_stride,
-                                          valid_rows, valid_chunks);
-          }
+  if constexpr (kAligned)
+    load_tile_async<Cfg, kBlockM>(smem_q, q_tile, p.q_row_stride, seq.seqlen_q - row_start,
+                                  valid_chunks);
+  else
+    load_tile_narrow<Cfg, kBlockM>(smem, q_tile, p.q_row_stride, seq.seqlen_q - row_start,
+                                   head_dim, q_granule);
+  ptx::cp_async_commit();
+  auto issue_tile = [&](int tile) {
+    if (tile < n_tiles) {
+      const int n0 = (blocks.end - 1 - tile) * kBlockN;
+      const int stage_offset = (tile % kStages) * 2 * Cfg::kTileBytes;
+      const T* k_rows = k_head + n0 * p.k_row_stride;
+      const T* v_rows = v_head + n0 * p.v_row_stride;
+      const int valid_rows = seq.seqlen_k - n0;
+      if constexpr (kAligned) {
+        const uint32_t stage = smem_kv + stage_offset;
+        if (valid_rows >= kBlockN) {  // every tile but the one holding the end of K
+          load_full_tile_async<Cfg, kBlockN>(stage, k_rows, p.k_row_stride, valid_chunks);
+          load_full_tile_async<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_rows, p.v_row_stride,
+                                             valid_chunks);
         } else {
-          unsigned char* stage = smem + Cfg::kQBytes + stage_offset;
-          load_tile_narrow<Cfg, kBlockN>(stage, k_rows, p.k_row_stride, valid_rows, head_dim,
-                                         k_granule);
-          load_tile_narrow<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_rows, p.v_row_stride,
-                                         valid_rows, head_dim, v_granule);
+          load_tile_async<Cfg, kBlockN>(stage, k_rows, p.k_row_stride, valid_rows, valid_chunks);
+          load_tile_async<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_rows, p.v_row_stride,
+                                        valid_rows, valid_chunks);
         }
+      } else {
+        unsigned char* stage = smem + Cfg::kQBytes + stage_offset;
+        load_tile_narrow<Cfg, kBlockN>(stage, k_rows, p.k_row_stride, valid_rows, head_dim,
+                                       k_granule);
+        load_tile_narrow<Cfg, kBlockN>(stage + Cfg::kTileBytes, v_rows, p.v_row_stride,
+                                       valid_rows, head_dim, v_granule);
       }
-      ptx::cp_async_commit();  // empty groups keep the wait counts uniform
-    };
-    auto issue_tile = [&](int tile) { issue_tile_of(block, tile); };
-    // (The persistent schedule issued these under the previous block's epilogue.)
-    if (!Schedule::kPersistent || !loads_in_flight) {
-      issue_q(block);
-#pragma unroll
-      for (int s = 0; s < kStages - 1; ++s) issue_tile(s);
     }
-
-    // Per-lane ldmatrix addressing. Every fragment row index is (multiple of 8) + lane % 8,
-    // so row % 8 == lane % 8 for all of them.
-    const int warp_row0 = warp * Cfg::kWarpRows;
-    // Q (A operand): matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
-    const uint32_t q_lane = smem_q + (warp_row0 + lane % 16) * kRowBytes;
-    const SwizzledPairs q_cols(lane / 16, lane % 8);
-    // K (B operand of Q·Kᵀ, K rows are its columns): (keys 0-7, k 0-7), (0-7, 8-15),
-    // (8-15, 0-7), (8-15, 8-15) = b0, b1 of n-tile 2j and b0, b1 of n-tile 2j+1.
-    const uint32_t k_lane_row = (lane % 8 + (lane / 16) * 8) * kRowBytes;
-    const SwizzledPairs k_cols((lane / 8) % 2, lane % 8);
-    // V (B operand of P·V through .trans): (keys 0-7, d 0-7), (8-15, 0-7), (0-7, 8-15),
-    // (8-15, 8-15) = b0, b1 of d-tile 2j and b0, b1 of d-tile 2j+1.
-    const uint32_t v_lane_row = (lane % 8 + ((lane / 8) % 2) * 8) * kRowBytes;
-    const SwizzledPairs v_cols(lane / 16, lane % 8);
-
-    // The plain kernel folds a negative scale into Q by flipping its sign bits once in shared
-    // memory (exact in fp16/bf16), so its softmax only ever sees scale >= 0 and the max of the
-    // raw scores stays the max of the logits. scale_log2 is kept above 0 so that a masked
-    // score (-inf) still gives 2^-inf = 0 when scale == 0 (every visible score then gives
-    // 2^0 = 1, as it should). The transformed kernels take their maxima over the finished
-    // logits, so the sign stays in the transform.
-    const float scale = fabsf(p.scale);
-    const float scale_log2 = fmaxf(scale * kLog2e, FLT_MIN);
-    if (Logits::kPlain && p.scale < 0.0f) {
-      ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
-      __syncthreads();
-      for (int i = threadIdx.x; i < Cfg::kQBytes / 4; i += Cfg::kThreads)
-        reinterpret_cast<uint32_t*>(smem)[i] ^= 0x80008000u;
-      __syncthreads();
-    }
-    // Softcap and ALiBi (when Logits asks for them) turn raw scores into natural-unit logits
-    // before the softmax; the plain kernel instead folds the scale into its exp2, and the
-    // softcap-only kernel the cap c (its scores are tanh(scale·qk / c), logits / c; c > 0).
-    const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
-    constexpr bool kCapUnits = Logits::kSoftcap && !Logits::kAlibi;  // RuntimeLogits has both
-    constexpr bool kScoresInUnits = Logits::kPlain || kCapUnits;
-    const float score_unit = Logits::kPlain ? scale : (kCapUnits ? logits.softcap : 1.0f);
-    const float unit_log2 = Logits::kPlain ? scale_log2 : score_unit * kLog2e;
-    // The last query row of the block: its first key bounds every row's (masks are monotone).
-    const int last_row = min(row_start + kBlockM, seq.seqlen_q) - 1;
-
-    auto load_q_fragment = [&](uint32_t (&a)[4], int mt, int ks) {
-      ptx::ldmatrix_x4(a, q_lane + mt * 16 * kRowBytes + q_cols(ks));
-    };
-
-    constexpr int kQRegTiles = Cfg::kQInRegs ? kMTiles : 1;
-    constexpr int kQRegSteps = Cfg::kQInRegs ? kKSteps : 1;
-    uint32_t q_frag[kQRegTiles][kQRegSteps][4];  // (kWarpRows, kHeadDim) as A fragments
-    if constexpr (Cfg::kQInRegs) {
-      ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
-      __syncthreads();
+    ptx::cp_async_commit();  // empty groups keep the wait counts uniform
+  };
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks) load_q_fragment(q_frag[mt][ks], mt, ks);
-    }
+  for (int s = 0; s < kStages - 1; ++s) issue_tile(s);
 
-    float o[kMTiles][kDTiles][4];  // (kWarpRows, kHeadDim) fp32 accumulator
-    zero_accumulator(o);
-    // Rows g and g+8 of each m-tile. m is the row's running max of the logits (natural
-    // units); l is this lane's partial sum over its columns (the quad's four partials add up
-    // to l). Set explicitly: nvcc 13.0 was seen to leave m = 0 instead of the member
-    // initializer's -inf for state[1][*] (cuobjdump of the kMTiles = 2 kernels), which only
-    // shows as rounding (m is a shift) but breaks the exact single-key rows.
-    SoftmaxState<float> state[kMTiles][2];
+  // Per-lane ldmatrix addressing. Every fragment row index is (multiple of 8) + lane % 8,
+  // so row % 8 == lane % 8 for all of them.
+  const int warp_row0 = warp * Cfg::kWarpRows;
+  // Q (A operand): matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
+  const uint32_t q_lane = smem_q + (warp_row0 + lane % 16) * kRowBytes;
+  const SwizzledPairs q_cols(lane / 16, lane % 8);
+  // K (B operand of Q·Kᵀ, K rows are its columns): (keys 0-7, k 0-7), (0-7, 8-15),
+  // (8-15, 0-7), (8-15, 8-15) = b0, b1 of n-tile 2j and b0, b1 of n-tile 2j+1.
+  const uint32_t k_lane_row = (lane % 8 + (lane / 16) * 8) * kRowBytes;
+  const SwizzledPairs k_cols((lane / 8) % 2, lane % 8);
+  // V (B operand of P·V through .trans): (keys 0-7, d 0-7), (8-15, 0-7), (0-7, 8-15),
+  // (8-15, 8-15) = b0, b1 of d-tile 2j and b0, b1 of d-tile 2j+1.
+  const uint32_t v_lane_row = (lane % 8 + ((lane / 8) % 2) * 8) * kRowBytes;
+  const SwizzledPairs v_cols(lane / 16, lane % 8);
+
+  // The plain kernel folds a negative scale into Q by flipping its sign bits once in shared
+  // memory (exact in fp16/bf16), so its softmax only ever sees scale >= 0 and the max of the
+  // raw scores stays the max of the logits. scale_log2 is kept above 0 so that a masked
+  // score (-inf) still gives 2^-inf = 0 when scale == 0 (every visible score then gives
+  // 2^0 = 1, as it should). The transformed kernels take their maxima over the finished
+  // logits, so the sign stays in the transform.
+  const float scale = fabsf(p.scale);
+  const float scale_log2 = fmaxf(scale * kLog2e, FLT_MIN);
+  if (Logits::kPlain && p.scale < 0.0f) {
+    ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
+    __syncthreads();
+    for (int i = threadIdx.x; i < Cfg::kQBytes / 4; i += Cfg::kThreads)
+      reinterpret_cast<uint32_t*>(smem)[i] ^= 0x80008000u;
+    __syncthreads();
+  }
+  // Softcap and ALiBi (when Logits asks for them) turn raw scores into natural-unit logits
+  // before the softmax; the plain kernel instead folds the scale into its exp2, and the
+  // softcap-only kernel the cap c (its scores are tanh(scale·qk / c), logits / c; c > 0).
+  const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
+  constexpr bool kCapUnits = Logits::kSoftcap && !Logits::kAlibi;  // RuntimeLogits has both
+  constexpr bool kScoresInUnits = Logits::kPlain || kCapUnits;
+  const float score_unit = Logits::kPlain ? scale : (kCapUnits ? logits.softcap : 1.0f);
+  const float unit_log2 = Logits::kPlain ? scale_log2 : score_unit * kLog2e;
+  // The last query row of the block: its first key bounds every row's (masks are monotone).
+  const int last_row = min(row_start + kBlockM, seq.seqlen_q) - 1;
+
+  auto load_q_fragment = [&](uint32_t (&a)[4], int mt, int ks) {
+    ptx::ldmatrix_x4(a, q_lane + mt * 16 * kRowBytes + q_cols(ks));
+  };
+
+  constexpr int kQRegTiles = Cfg::kQInRegs ? kMTiles : 1;
+  constexpr int kQRegSteps = Cfg::kQInRegs ? kKSteps : 1;
+  uint32_t q_frag[kQRegTiles][kQRegSteps][4];  // (kWarpRows, kHeadDim) as A fragments
+  if constexpr (Cfg::kQInRegs) {
+    ptx::cp_async_wait<kStages - 1>();  // the Q group is the oldest
+    __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) state[mt][half] = {kNegInf, 0.0f};
+      for (int ks = 0; ks < kKSteps; ++ks) load_q_fragment(q_frag[mt][ks], mt, ks);
+  }
 
-    for (int tile = 0; tile < n_tiles; ++tile) {
-      ptx::cp_async_wait<kStages - 2>();  // this tile's K and V have landed (for this thread)
-      __syncthreads();                    // ... for every thread; the oldest stage is free
-      issue_tile(tile + kStages - 1);
-
-      const uint32_t k_stage = smem_kv + (tile % kStages) * 2 * Cfg::kTileBytes;
-      const uint32_t v_stage = k_stage + Cfg::kTileBytes;
-      const int n_block = blocks.end - 1 - tile;
-      const int n0 = n_block * kBlockN;
-
-      // S = Q·Kᵀ  (kWarpRows, kBlockN), raw (unscaled) scores.
-      float s[kMTiles][kNTiles][4];
-      zero_accumulator(s);
+  float o[kMTiles][kDTiles][4];  // (kWarpRows, kHeadDim) fp32 accumulator
+  zero_accumulator(o);
+  // Rows g and g+8 of each m-tile. m is the row's running max of the logits (natural
+  // units); l is this lane's partial sum over its columns (the quad's four partials add up
+  // to l). Set explicitly: nvcc 13.0 was seen to leave m = 0 instead of the member
+  // initializer's -inf for state[1][*] (cuobjdump of the kMTiles = 2 kernels), which only
+  // shows as rounding (m is a shift) but breaks the exact single-key rows.
+  SoftmaxState<float> state[kMTiles][2];
 #pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        uint32_t a[kMTiles][4];
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) state[mt][half] = {kNegInf, 0.0f};
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    ptx::cp_async_wait<kStages - 2>();  // this tile's K and V have landed (for this thread)
+    __syncthreads();                    // ... for every thread; the oldest stage is free
+    issue_tile(tile + kStages - 1);
+
+    const uint32_t k_stage = smem_kv + (tile % kStages) * 2 * Cfg::kTileBytes;
+    const uint32_t v_stage = k_stage + Cfg::kTileBytes;
+    const int n_block = blocks.end - 1 - tile;
+    const int n0 = n_block * kBlockN;
+
+    // S = Q·Kᵀ  (kWarpRows, kBlockN), raw (unscaled) scores.
+    float s[kMTiles][kNTiles][4];
+    zero_accumulator(s);
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[mt][r] = q_frag[mt][ks][r];
+        } else {
+          load_q_fragment(a[mt], mt, ks);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < kNTiles / 2; ++np) {
+        uint32_t kb[4];
+        ptx::ldmatrix_x4(kb, k_stage + k_lane_row + np * 16 * kRowBytes + k_cols(ks));
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          if constexpr (Cfg::kQInRegs) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) a[mt][r] = q_frag[mt][ks][r];
-          } else {
-            load_q_fragment(a[mt], mt, ks);
-          }
-        }
-#pragma unroll
-        for (int np = 0; np < kNTiles / 2; ++np) {
-          uint32_t kb[4];
-          ptx::ldmatrix_x4(kb, k_stage + k_lane_row + np * 16 * kRowBytes + k_cols(ks));
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            ptx::mma_m16n8k16<T>(s[mt][2 * np], a[mt], kb[0], kb[1]);
-            ptx::mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], kb[2], kb[3]);
-          }
-        }
-      }
-
-      // Softcap and ALiBi, then the mask, on S.
-      if constexpr (kCapUnits)
-        for_each_score(s, lane, row_start, warp_row0, n0, [&](float& x, int, int) {
-          x = logits.capped_in_cap_units(x, ptx::TanhApprox{});
-        });
-      else if constexpr (!Logits::kPlain)
-        transform_scores<Logits>(s, lane, row_start, warp_row0, n0, logits, mask,
-                                 ptx::TanhApprox{});
-      // Only the tiles key_blocks() names hold keys some row must not see (the diagonal, the
-      // window's edges, the end of K); every other tile is seen whole by every row.
-      if (blocks.needs_mask(n_block))
-        mask_scores(s, lane, row_start, warp_row0, n0, mask, n0 >= mask.first_key(last_row));
-
-      // Online softmax; P overwrites S (fp32), then is packed into A fragments of P·V.
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float row_max = quad_row_max(s[mt], half);
-          // In natural units: the plain kernel's raw scores still lack the scale, the softcap
-          // kernel's the cap.
-          float block_max = row_max;
-          if constexpr (kScoresInUnits)
-            block_max = row_max == kNegInf ? kNegInf : row_max * score_unit;
-          SoftmaxState<float>& st = state[mt][half];
-          const float alpha = online_softmax_rescale(st, block_max);
-          // Once the running maxima settle, most tiles leave every row's m unchanged
-          // (alpha = 1): the warp then skips the rescale of these rows of O.
-          if (__any_sync(0xffffffffu, alpha != 1.0f)) {
-#pragma unroll
-            for (int dt = 0; dt < kDTiles; ++dt) {
-              o[mt][dt][2 * half] *= alpha;
-              o[mt][dt][2 * half + 1] *= alpha;
-            }
-          }
-          // P = exp(logit - m) = 2^(logit·log2e - m·log2e), the logit being unit·s: one FFMA +
-          // one MUFU.EX2 per score. The softcap kernel's tanh is a second MUFU op per score:
-          // it takes kSoftcapFmaExp2Tiles n-tiles' exp2 on the FMA pipe.
-          const float shift = safe_shift(st.m) * kLog2e;
-          const float to_log2 = kScoresInUnits ? unit_log2 : kLog2e;
-          constexpr int kFmaExp2Tiles =
-              Logits::kSoftcap && !Logits::kAlibi ? Cfg::kSoftcapFmaExp2Tiles : 0;
-          float row_sum = 0.0f;
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& x = s[mt][nt][2 * half + e];
-              const float exponent = fmaf(x, to_log2, -shift);
-              x = nt < kFmaExp2Tiles ? ptx::exp2_fma(exponent) : ptx::exp2_approx(exponent);
-              row_sum += x;
-            }
-          st.l += row_sum;
-        }
-
-      // O += P·V. The A fragment of k-step kk is S n-tiles 2kk and 2kk+1, row halves g/g+8:
-      // (a0, a1, a2, a3) = (tile 2kk rows g, tile 2kk rows g+8, tile 2kk+1 rows g, ... g+8).
-#pragma unroll
-      for (int kk = 0; kk < kPvSteps; ++kk) {
-        uint32_t pa[kMTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-          ptx::accumulators_to_a<T>(s[mt][2 * kk], s[mt][2 * kk + 1], pa[mt]);
-#pragma unroll
-        for (int dp = 0; dp < kDTiles / 2; ++dp) {
-          uint32_t vb[4];
-          ptx::ldmatrix_x4_trans(vb, v_stage + v_lane_row + kk * 16 * kRowBytes + v_cols(dp));
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            ptx::mma_m16n8k16<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
-            ptx::mma_m16n8k16<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
-          }
+          ptx::mma_m16n8k16<T>(s[mt][2 * np], a[mt], kb[0], kb[1]);
+          ptx::mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], kb[2], kb[3]);
         }
       }
     }
 
-    // Epilogue. Drain the ring (only empty groups remain, or the Q group when no tile ran)
-    // and make sure no warp still reads Q before the Q rows are reused to stage O.
-    ptx::cp_async_wait<0>();
-    __syncthreads();
+    // Softcap and ALiBi, then the mask, on S.
+    if constexpr (kCapUnits)
+      for_each_score(s, lane, row_start, warp_row0, n0, [&](float& x, int, int) {
+        x = logits.capped_in_cap_units(x, ptx::TanhApprox{});
+      });
+    else if constexpr (!Logits::kPlain)
+      transform_scores<Logits>(s, lane, row_start, warp_row0, n0, logits, mask, ptx::TanhApprox{});
+    // Only the tiles key_blocks() names hold keys some row must not see (the diagonal, the
+    // window's edges, the end of K); every other tile is seen whole by every row.
+    if (blocks.needs_mask(n_block))
+      mask_scores(s, lane, row_start, warp_row0, n0, mask, n0 >= mask.first_key(last_row));
 
-    // O is staged in Q's rows, or (persistent) in the ring's last stage while the next block's
-    // Q and first tiles land in Q's rows and the other stages. Every warp is past its last read
-    // of both (the barrier above), and the next block's loop reaches the last stage only after
-    // its first barrier, when every warp has copied its rows of O out.
-    unsigned char* const o_stage =
-        Schedule::kPersistent ? smem + Cfg::kQBytes + (kStages - 1) * 2 * Cfg::kTileBytes : smem;
-    if constexpr (Schedule::kPersistent) {
-      static_assert(2 * Cfg::kTileBytes >= Cfg::kQBytes, "a ring stage holds the block's O");
-      loads_in_flight = false;
-      const int64_t next = int64_t(item) + gridDim.x;
-      if (next < query_block_count<Cfg>(p)) {
-        const BlockCoords next_at = block_major_coords<Cfg>(p, static_cast<int>(next));
-        const SeqlenInfo<int> next_seq(p, next_at.b);
-        const int next_row =
-            heaviest_first_block(p.window_left, p.window_right, next_at.rank, next_at.count) *
-            kBlockM;
-        if (next_row < next_seq.seqlen_q) {  // else that item exits at once
-          const KeyBlocks<int> next_blocks =
-              key_blocks(next_seq.mask(p), next_row, min(next_row + kBlockM, next_seq.seqlen_q),
-                         kBlockN);
-          const BlockOperands<T> next_block =
-              block_operands<T>(p, next_seq, next_blocks, next_at.b, next_at.h, next_row);
-          issue_q(next_block);
-#pragma unroll
-          for (int s = 0; s < kStages - 1; ++s) issue_tile_of(next_block, s);
-          loads_in_flight = true;
-        }
-      }
-    }
-
-    const float sink = sink_logit<float>(p, h);
+    // Online softmax; P overwrites S (fp32), then is packed into A fragments of P·V.
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        SoftmaxState<float> st = state[mt][half];
-        st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
-        st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
-        const int local_row = warp_row0 + mt * 16 + g + 8 * half;
-        const int row = row_start + local_row;
-        nan_if_no_finite_score(st, mask.visible_keys(row) > 0);
-        // add_sink would leave a state without sinks unchanged; the branch spares its exps.
-        const float sink_factor = p.sinks != nullptr ? add_sink(st, sink) : 1.0f;
-        const float out_scale = sink_factor * output_scale(st);  // 0 for a fully masked row
+        const float row_max = quad_row_max(s[mt], half);
+        // In natural units: the plain kernel's raw scores still lack the scale, the softcap
+        // kernel's the cap.
+        float block_max = row_max;
+        if constexpr (kScoresInUnits)
+          block_max = row_max == kNegInf ? kNegInf : row_max * score_unit;
+        SoftmaxState<float>& st = state[mt][half];
+        const float alpha = online_softmax_rescale(st, block_max);
+        // Once the running maxima settle, most tiles leave every row's m unchanged
+        // (alpha = 1): the warp then skips the rescale of these rows of O.
+        if (__any_sync(0xffffffffu, alpha != 1.0f)) {
 #pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          // Conflict-free: the quad writes one 16-byte chunk, the 8 rows 8 distinct ones.
-          const uint32_t packed =
-              ptx::pack2<T>(o[mt][dt][2 * half] * out_scale, o[mt][dt][2 * half + 1] * out_scale);
-          *reinterpret_cast<uint32_t*>(o_stage + swizzle<Cfg>(local_row, dt) + 4 * t) = packed;
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            o[mt][dt][2 * half] *= alpha;
+            o[mt][dt][2 * half + 1] *= alpha;
+          }
         }
-        if (p.lse != nullptr && t == 0 && row < seq.seqlen_q)
-          p.lse[seq.lse_index(p, b, h, row)] = log_sum_exp(st);
+        // P = exp(logit - m) = 2^(logit·log2e - m·log2e), the logit being unit·s: one FFMA +
+        // one MUFU.EX2 per score. The softcap kernel's tanh is a second MUFU op per score:
+        // it takes kSoftcapFmaExp2Tiles n-tiles' exp2 on the FMA pipe.
+        const float shift = safe_shift(st.m) * kLog2e;
+        const float to_log2 = kScoresInUnits ? unit_log2 : kLog2e;
+        constexpr int kFmaExp2Tiles =
+            Logits::kSoftcap && !Logits::kAlibi ? Cfg::kSoftcapFmaExp2Tiles : 0;
+        float row_sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[mt][nt][2 * half + e];
+            const float exponent = fmaf(x, to_log2, -shift);
+            x = nt < kFmaExp2Tiles ? ptx::exp2_fma(exponent) : ptx::exp2_approx(exponent);
+            row_sum += x;
+          }
+        st.l += row_sum;
       }
-    __syncwarp();
 
-    // Each warp copies its own rows out: 16-byte stores on the aligned path, the widest the
-    // output allows on the narrow one; masked to the true head_dim.
-    constexpr int kLanesPerRow = Cfg::kRowChunks < 32 ? Cfg::kRowChunks : 32;
-    constexpr int kRowsPerStep = 32 / kLanesPerRow;
-    T* o_tile = static_cast<T*>(p.o) + seq.o_offset(p, b, row_start, h);
-    int o_granule = 8;
-    if constexpr (!kAligned)
-      o_granule = access_granule(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
-    const int out_chunks = (head_dim + 7) / 8;
+    // O += P·V. The A fragment of k-step kk is S n-tiles 2kk and 2kk+1, row halves g/g+8:
+    // (a0, a1, a2, a3) = (tile 2kk rows g, tile 2kk rows g+8, tile 2kk+1 rows g, ... g+8).
 #pragma unroll
-    for (int r = lane / kLanesPerRow; r < Cfg::kWarpRows; r += kRowsPerStep) {
-      const int local_row = warp_row0 + r;
-      if (row_start + local_row >= seq.seqlen_q) break;
+    for (int kk = 0; kk < kPvSteps; ++kk) {
+      uint32_t pa[kMTiles][4];
 #pragma unroll
-      for (int chunk = lane % kLanesPerRow; chunk < Cfg::kRowChunks; chunk += kLanesPerRow) {
-        if (chunk >= out_chunks) break;
-        const uint4 value =
-            *reinterpret_cast<const uint4*>(o_stage + swizzle<Cfg>(local_row, chunk));
-        T* to = o_tile + local_row * p.o_row_stride + chunk * 8;
-        if constexpr (kAligned)
-          *reinterpret_cast<uint4*>(to) = value;
-        else
-          store_chunk_narrow(reinterpret_cast<uint16_t*>(to), value,
-                             chunk_elements(chunk, head_dim), o_granule);
+      for (int mt = 0; mt < kMTiles; ++mt)
+        ptx::accumulators_to_a<T>(s[mt][2 * kk], s[mt][2 * kk + 1], pa[mt]);
+#pragma unroll
+      for (int dp = 0; dp < kDTiles / 2; ++dp) {
+        uint32_t vb[4];
+        ptx::ldmatrix_x4_trans(vb, v_stage + v_lane_row + kk * 16 * kRowBytes + v_cols(dp));
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          ptx::mma_m16n8k16<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+          ptx::mma_m16n8k16<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+        }
       }
     }
-    if constexpr (!Schedule::kPersistent) return;
-  }  // the block loop
-}
+  }
 
-// FLASHTILE_MMA_WINDOW_CTAS=N caps the persistent schedule's grid at N CTAs (tests: a
-// handful of CTAs walks many blocks each, on any GPU); unset, one resident set runs. Read
-// per call.
-inline int64_t persistent_cta_cap() {
-  const char* value = std::getenv("FLASHTILE_MMA_WINDOW_CTAS");
-  if (value == nullptr || *value == '\0') return INT32_MAX;
-  char* end = nullptr;
-  const long ctas = std::strtol(value, &end, 10);
-  if (*end != '\0' || ctas < 1 || ctas > 1 << 20)
-    throw Error(ErrorKind::invalid_argument,
-                "FLASHTILE_MMA_WINDOW_CTAS must be a whole number from 1 to 1048576; got '" +
-                    std::string(value) + "'");
-  return ctas;
+  // Epilogue. Drain the ring (only empty groups remain, or the Q group when no tile ran)
+  // and make sure no warp still reads Q before the Q rows are reused to stage O.
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+
+  const float sink = sink_logit<float>(p, h);
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      SoftmaxState<float> st = state[mt][half];
+      st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
+      st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+      const int local_row = warp_row0 + mt * 16 + g + 8 * half;
+      const int row = row_start + local_row;
+      nan_if_no_finite_score(st, mask.visible_keys(row) > 0);
+      // add_sink would leave a state without sinks unchanged; the branch spares its exps.
+      const float sink_factor = p.sinks != nullptr ? add_sink(st, sink) : 1.0f;
+      const float out_scale = sink_factor * output_scale(st);  // 0 for a fully masked row
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        // Conflict-free: the quad writes one 16-byte chunk, the 8 rows 8 distinct ones.
+        const uint32_t packed =
+            ptx::pack2<T>(o[mt][dt][2 * half] * out_scale, o[mt][dt][2 * half + 1] * out_scale);
+        *reinterpret_cast<uint32_t*>(smem + swizzle<Cfg>(local_row, dt) + 4 * t) = packed;
+      }
+      if (p.lse != nullptr && t == 0 && row < seq.seqlen_q)
+        p.lse[seq.lse_index(p, b, h, row)] = log_sum_exp(st);
+    }
+  __syncwarp();
+
+  // Each warp copies its own rows out: 16-byte stores on the aligned path, the widest the
+  // output allows on the narrow one; masked to the true head_dim.
+  constexpr int kLanesPerRow = Cfg::kRowChunks < 32 ? Cfg::kRowChunks : 32;
+  constexpr int kRowsPerStep = 32 / kLanesPerRow;
+  T* o_tile = static_cast<T*>(p.o) + seq.o_offset(p, b, row_start, h);
+  int o_granule = 8;
+  if constexpr (!kAligned)
+    o_granule = access_granule(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+  const int out_chunks = (head_dim + 7) / 8;
+#pragma unroll
+  for (int r = lane / kLanesPerRow; r < Cfg::kWarpRows; r += kRowsPerStep) {
+    const int local_row = warp_row0 + r;
+    if (row_start + local_row >= seq.seqlen_q) break;
+#pragma unroll
+    for (int chunk = lane % kLanesPerRow; chunk < Cfg::kRowChunks; chunk += kLanesPerRow) {
+      if (chunk >= out_chunks) break;
+      const uint4 value = *reinterpret_cast<const uint4*>(smem + swizzle<Cfg>(local_row, chunk));
+      T* to = o_tile + local_row * p.o_row_stride + chunk * 8;
+      if constexpr (kAligned)
+        *reinterpret_cast<uint4*>(to) = value;
+      else
+        store_chunk_narrow(reinterpret_cast<uint16_t*>(to), value,
+                           chunk_elements(chunk, head_dim), o_granule);
+    }
+  }
 }
 
 // Launches the kernel for one configuration on `stream`; the grid covers the longest
@@ -622,13 +508,8 @@ void launch_mma_forward(const AttentionParams& p, cudaStream_t stream) {
   const int64_t query_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   dim3 grid(static_cast<unsigned>(query_blocks), static_cast<unsigned>(p.heads_q),
             static_cast<unsigned>(p.batch));
-  if constexpr (Schedule::kPersistent) {  // one resident set (2^31 - 1 > blocks: the caller)
-    const int64_t resident = int64_t(device_facts(p.device_index).sms) * Cfg::kMinBlocks;
-    grid = dim3(static_cast<unsigned>(
-        std::min({query_block_count<Cfg>(p), resident, persistent_cta_cap()})));
-  }
-  else if constexpr (Schedule::kBlockMajor)
-    grid = dim3(static_cast<unsigned>(query_block_count<Cfg>(p)));
+  if constexpr (Schedule::kBlockMajor)
+    grid = dim3(static_cast<unsigned>(query_blocks * p.heads_q * p.batch));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   check_launch("mma_forward_kernel");
 }

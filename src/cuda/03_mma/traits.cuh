@@ -62,11 +62,8 @@ struct MmaTraits<256> : MmaConfig<256, 64, 32, 4, 2, false, 2> {};
 //   block-major + L2 prefetch, 2/4/8     0.5455 / 0.5418 / 0.5456
 //   grid + L2 prefetch 4                 0.5528
 // The L2 prefetches cost more issue than the traffic they were to hide (JOURNEY 3g), so the
-// library took the order alone (the prefetch was removed; branch feat/window has it).
-using BlockMajorSchedule = BlockSchedule<true>;
-// Seventh session (JOURNEY 3h): the same order walked by one resident set of CTAs, each
-// loading its next block's Q and first K/V tile under the current block's epilogue.
-using WindowSchedule = BlockSchedule<true, true>;
+// library takes the order alone (the prefetch was removed; branch feat/window has it).
+using WindowSchedule = BlockSchedule<true>;
 
 // Where the window schedule applies: the M128 N64 shape it was measured on (d=128; d=96 runs
 // the same shape). d=64 (M128 N128) and d=256 (M64 N32) keep GridSchedule until measured.
