@@ -282,6 +282,59 @@ TEST(CudaMma, WindowScheduleVarlenMatchesOracle) {
       }
 }
 
+// More window shapes through the library's window schedule: windows smaller than a tile and
+// larger than a block, right sides 0, > 0 and unbounded, sq != sk both ways, GQA/MQA, several
+// batch entries and heads, d 128 and 96 (and 64 beside them, on the grid), sinks, strides;
+// varlen batches whose empty and short sequences make blocks that exit at once; and a window
+// with softcap, ALiBi and sinks together (the grid kernel). (JOURNEY 3h: these shapes passed
+// on the H200 through the persistent schedule that was measured and removed, with its grid
+// capped at 1, 3 and 7 CTAs.)
+TEST(CudaMma, WindowSizesAndVariantsMatchOracle) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  struct Case {
+    int64_t batch, q, k, heads_q, heads_kv, head_dim;
+    Window window;
+    bool sinks;
+  };
+  const Case dense_cases[] = {
+      {2, 700, 700, 4, 2, 128, {1, 0}, false},    {3, 520, 520, 3, 1, 128, {17, 0}, true},
+      {2, 600, 600, 2, 2, 96, {63, 0}, false},    {1, 900, 900, 4, 4, 128, {100, 0}, false},
+      {2, 800, 1100, 4, 2, 128, {37, 5}, false},  {2, 1100, 800, 2, 1, 128, {128, 64}, true},
+      {1, 1000, 1000, 3, 3, 96, {200, -1}, false}, {1, 1200, 1200, 2, 1, 128, {1024, 0}, false},
+      {4, 257, 129, 2, 2, 128, {0, 0}, false},    {2, 600, 600, 4, 2, 64, {300, 0}, false},
+  };
+  struct Batch {
+    std::vector<int64_t> q, k, used;
+  };
+  const Batch batches[] = {
+      {{300, 0, 1, 129, 700, 0, 2, 256}, {300, 64, 1, 129, 650, 3, 2, 300}, {}},
+      {{0, 0, 513, 1, 127, 0}, {5, 0, 600, 9, 127, 40}, {5, 0, 450, 9, 100, 40}},
+  };
+  const Window varlen_windows[] = {{1, 0}, {100, 0}, {256, 7}};
+  int rotate = 0;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (const Case& c : dense_cases) {
+      const int turn = rotate++;
+      if (small_grid() && (turn % 3 != 0 || c.q * c.k > 1'000'000)) continue;
+      Shape s = shape_of(dtype, c.batch, c.q, c.k, c.heads_q, c.heads_kv, c.head_dim);
+      s.window = c.window, s.sinks = c.sinks;
+      s.strided = turn % 4 == 1;
+      expect_matches_oracle(s);
+    }
+    for (const Batch& batch : batches)
+      for (const Window& window : varlen_windows) {
+        Shape s = shape_of(dtype, 1, 0, 0, 4, 2, rotate++ % 2 == 0 ? 128 : 96);
+        s.varlen_q = batch.q, s.varlen_k = batch.k, s.seqused_k = batch.used;
+        s.window = window;
+        s.sinks = window.right == 7;
+        expect_matches_oracle(s);
+      }
+    Shape s = shape_of(dtype, 2, 700, 900, 4, 2, 128);
+    s.window = {150, 0}, s.softcap = 30.0f, s.alibi = true, s.sinks = true;
+    expect_matches_oracle(s);
+  }
+}
+
 TEST(CudaMma, AutoPicksMmaForHalfTypesWithVariants) {
   SKIP_WITHOUT_MMA_DEVICE();
   for (DType dtype : {DType::f16, DType::bf16})

@@ -63,6 +63,10 @@ struct MmaTraits<256> : MmaConfig<256, 64, 32, 4, 2, false, 2> {};
 //   grid + L2 prefetch 4                 0.5528
 // The L2 prefetches cost more issue than the traffic they were to hide (JOURNEY 3g), so the
 // library takes the order alone (the prefetch was removed; branch feat/window has it).
+// JOURNEY 3h (seventh session) then walked this order persistently (one resident set of CTAs,
+// the next block's Q and first K/V tile loaded under the current epilogue): same call,
+// ms at windows 512 / 1024 / 2048 / 4096: 0.3245 / 0.5156 / 0.8902 / 1.5028 for this order,
+// 0.3452 / 0.5496 / 0.9292 / 1.6203 persistent (+4..8%): removed; branch feat/window3 has it.
 using WindowSchedule = BlockSchedule<true>;
 
 // Where the window schedule applies: the M128 N64 shape it was measured on (d=128; d=96 runs
