@@ -336,12 +336,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Step s is query head `head_of(s)` and query block `block_of(s)`.
   auto head_of = [&](int s) { return hk * group + s / n_blocks; };
   auto block_of = [&](int s) { return blocks.begin + s % n_blocks; };
-  // Issues step s's Q and dO tiles into stage s % 2 and returns its lse·log2e and D for
-  // this thread's row (threads < kBlockM), which the caller stores once the stage is free.
-  // Rows past seqlen_q, and rows that see nothing (lse = −inf), get lse = +inf: P = 0.
-  auto issue_step = [&](int s, float& lse_log2, float& d_row) {
-    lse_log2 = INFINITY, d_row = 0.0f;
-    if (s >= steps) return;
+  // Issues step s's Q and dO tiles into stage s % 2 and loads its lse and D for this
+  // thread's row (threads < kBlockM), which the caller stages once the stage is free. The
+  // loaded values are not touched before then: any use here (the lse·log2e product, or
+  // merging them with the defaults of rows that load nothing) made the first warps wait on
+  // the global load at the top of every step (ncu: 14% of the stall samples).
+  struct RowStats {
+    float lse = 0.0f, d = 0.0f;
+    bool loaded = false;  // false: a row past seqlen_q, or no step s
+  };
+  auto issue_step = [&](int s) {
+    RowStats stats;
+    if (s >= steps) return stats;
     const int64_t h = head_of(s);
     const int row0 = block_of(s) * kBlockM;
     const int stage = s % 2;
@@ -352,24 +358,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
               static_cast<const T*>(bp.dout) + seq.row_offset_q(bp.dout_strides, b, row0, h),
               bp.dout_strides.row, seq.seqlen_q - row0, do_granule);
     const int row = row0 + static_cast<int>(threadIdx.x);
-    if (threadIdx.x < kBlockM && row < seq.seqlen_q) {
+    stats.loaded = threadIdx.x < kBlockM && row < seq.seqlen_q;
+    if (stats.loaded) {
       const int64_t at = seq.lse_index(p, b, h, row);
-      const float lse = p.lse[at];
-      if (lse != -INFINITY) lse_log2 = lse * kLog2e;
-      d_row = ws.d[at];
+      stats.lse = p.lse[at];
+      stats.d = ws.d[at];
     }
+    return stats;
   };
-  auto stage_row_stats = [&](int s, float lse_log2, float d_row) {
+  // Stages lse·log2e and D of step s's rows. Rows past seqlen_q, and rows that see nothing
+  // (lse = −inf), get lse = +inf: P = 0.
+  auto stage_row_stats = [&](int s, const RowStats& stats) {
     if (threadIdx.x < kBlockM) {
-      smem_lse[(s % 2) * kBlockM + threadIdx.x] = lse_log2;
-      smem_d[(s % 2) * kBlockM + threadIdx.x] = d_row;
+      const bool visible = stats.loaded && stats.lse != -INFINITY;
+      smem_lse[(s % 2) * kBlockM + threadIdx.x] = visible ? stats.lse * kLog2e : INFINITY;
+      smem_d[(s % 2) * kBlockM + threadIdx.x] = stats.loaded ? stats.d : 0.0f;
     }
   };
-  {
-    float lse_log2, d_row;
-    issue_step(0, lse_log2, d_row);
-    stage_row_stats(0, lse_log2, d_row);
-  }
+  stage_row_stats(0, issue_step(0));
   ptx::cp_async_commit();
   ptx::cp_async_wait<0>();  // K, V and step 0's tiles have landed for this thread ...
   __syncthreads();          // ... and for every thread, as have step 0's row stats
@@ -413,8 +419,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   for (int s = 0; s < steps; ++s) {
     // One barrier per step, after dSᵀ is written. Stage (s+1) % 2 is free here: its last
     // reads (step s-1's products and row stats) came before step s-1's barrier.
-    float next_lse_log2, next_d;
-    issue_step(s + 1, next_lse_log2, next_d);
+    const RowStats next_stats = issue_step(s + 1);
     ptx::cp_async_commit();
 
     const int64_t h = head_of(s);
@@ -539,7 +544,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         }
       }
     }
-    stage_row_stats(s + 1, next_lse_log2, next_d);
+    stage_row_stats(s + 1, next_stats);
     ptx::cp_async_wait<0>();  // step s+1's tiles have landed for this thread ...
     __syncthreads();          // ... and for every thread; dSᵀ is whole
 
