@@ -262,16 +262,25 @@ __device__ __forceinline__ float logit_and_derivative(const LogitsTransform<floa
   }
 }
 
-// Adds v to the two fp32 at `to` (8-byte aligned): one vector reduction on sm_90 (one
-// instruction where scalar adds take two), two atomics before it. Either way each element
-// gets one add, so deterministic mode's fixed order is unchanged.
-__device__ __forceinline__ void atomic_add_pair(float* to, float2 v) {
+// Adds v to the two fp32 at `to` (8-byte aligned) when `add` holds: one predicated vector
+// reduction on sm_90 (one instruction where scalar adds take two), two atomics before it.
+// Either way each element gets one add, so deterministic mode's fixed order is unchanged.
+// The predicate, not a branch around the add: with a branch per add (and a null pointer for
+// rows past seqlen_q) ptxas moved each address into the same register pair before its
+// REDG, and every move waited for the previous REDG to read that pair (ncu: ~11% of the
+// stall samples, long scoreboard).
+__device__ __forceinline__ void atomic_add_pair_if(bool add, float* to, float2 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(to), "f"(v.x), "f"(v.y)
-               : "memory");
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %3, 0;\n\t"
+      "@p red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n\t}" ::"l"(to),
+      "f"(v.x), "f"(v.y), "r"(static_cast<int>(add))
+      : "memory");
 #else
-  atomicAdd(to, v.x);
-  atomicAdd(to + 1, v.y);
+  if (add) {
+    atomicAdd(to, v.x);
+    atomicAdd(to + 1, v.y);
+  }
 #endif
 }
 
@@ -588,23 +597,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     // 2t, 2t+1) with one 8-byte reduction each: twice the requests of 16-byte ones, but no
     // shuffles to gather four columns (aligned: the accumulator starts 256-byte aligned, its
     // rows and heads are multiples of kHeadDim floats, the columns even).
+    // Rows past seqlen_q add nothing (their addresses are formed, never written).
 #pragma unroll
     for (int mt = 0; mt < kDqWarpMTiles; ++mt) {
       const int dq_row_lo = row0 + (dq_mtile0 + mt) * 16 + g, dq_row_hi = dq_row_lo + 8;
-      float* const dq_lo = dq_row_lo < seq.seqlen_q
-                               ? ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_lo, h) +
-                                     dq_col0 + 2 * t
-                               : nullptr;
-      float* const dq_hi = dq_row_hi < seq.seqlen_q
-                               ? ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_hi, h) +
-                                     dq_col0 + 2 * t
-                               : nullptr;
+      float* const dq_lo =
+          ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_lo, h) + dq_col0 + 2 * t;
+      float* const dq_hi =
+          ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_hi, h) + dq_col0 + 2 * t;
+      const bool lo_rows = dq_row_lo < seq.seqlen_q, hi_rows = dq_row_hi < seq.seqlen_q;
 #pragma unroll
       for (int dt = 0; dt < Cfg::kDqDTiles; ++dt) {
-        if (dq_lo != nullptr)
-          atomic_add_pair(dq_lo + dt * 8, make_float2(dq[mt][dt][0], dq[mt][dt][1]));
-        if (dq_hi != nullptr)
-          atomic_add_pair(dq_hi + dt * 8, make_float2(dq[mt][dt][2], dq[mt][dt][3]));
+        atomic_add_pair_if(lo_rows, dq_lo + dt * 8, make_float2(dq[mt][dt][0], dq[mt][dt][1]));
+        atomic_add_pair_if(hi_rows, dq_hi + dt * 8, make_float2(dq[mt][dt][2], dq[mt][dt][3]));
       }
     }
     if (bp.deterministic) {
