@@ -15,7 +15,9 @@ inline constexpr int kBackwardHeadDims[] = {64, 128};
 // dQ = dS·K's warp tile at both head dims: 2 m-tiles (32 rows) by 32 columns, as
 // FlashAttention-2's dQ product (2 x 4 warps at d=128, 4 x 2 at d=64), 32 LDSM a step; 1 is
 // the earlier 16 rows by 64 (d=128) or 64 (d=64, 128-row steps) columns, 40 LDSM a step.
-// -DFLASHTILE_MMA_BACKWARD_DQ_MTILES=1 builds the earlier tile for an A/B.
+// -DFLASHTILE_MMA_BACKWARD_DQ_MTILES=1 builds the earlier tile for an A/B. Alone, on the
+// third session's kernel, the 32 x 32 tile measured 1.014-1.051x of the earlier one (H200,
+// bf16, 4k, d 64/128, causal and not; docs/JOURNEY.md "Step 3b, fourth session").
 #ifndef FLASHTILE_MMA_BACKWARD_DQ_MTILES
 #define FLASHTILE_MMA_BACKWARD_DQ_MTILES 2
 #endif
@@ -34,10 +36,13 @@ struct MmaBackwardTraits;
 //   <D, 64, 8, 1>, first kernel (2)  112.2 / 123.5 / 129.7   132.8 / 148.7 / 156.3
 //   <D, 64, 8, 1>, second kernel (2) 151.0 / 185.1 / 194.4   176.6 / 203.0 / 215.1
 //   the same, re-timed (3)           149.2 / 183.1 / 194.0   169.4 / 201.7 / 214.2
-//   today's (3)                      181.6 / 229.0 / 246.5   178.6 / 228.6 / 241.9
+//   the third session's (3)          181.6 / 229.0 / 246.5   178.6 / 228.6 / 241.9
+//   today's (4)                      182.3 / 222.7 / 243.2   194.0 / 233.8 / 247.1
 // (1) one call, first session; (2) one call, second session (dQ by 16-byte reductions, one
 // barrier per step); (3) one call, third session: chunks, dPᵀ from −D, the unmasked P/dS
-// copy, 8-byte reductions, d=64 at 128 rows. The 4-warp shape was not re-timed since (1).
+// copy, 8-byte reductions, d=64 at 128 rows; (4) one call, fourth session: dQ on 32 x 32
+// warp tiles, row stats untouched until staged, predicated dQ adds. The 4-warp shape was not
+// re-timed since (1).
 // d=64 takes 128 query rows per step (FlashAttention-2's d=64 tile, 128 x 128) in two chunks
 // of 64: the registers of d=128's chunks (Sᵀ and dPᵀ 64, dK and dV 64 a thread), half the
 // steps per key block, so half the barriers, row-stat stagings, Q/dO issues and step
