@@ -63,7 +63,7 @@ def median_ms(fn, warmup_ms, rep_ms):
         return cuda_event_median_ms(fn)
 
 
-def run_peers(args):
+def run_peers(args, on_row=lambda rows: None):
     rows = []
     for dtype in args.dtype:
         for d in args.head_dims:
@@ -108,21 +108,29 @@ def run_peers(args):
                         print(f"{name:10s} {dtype:4s} d={d:<3d} {'causal' if causal else 'full':6s} "
                               f"s={s:<6d} {ms:8.3f} ms {tf:7.1f} TFLOP/s", file=sys.stderr,
                               flush=True)
+                        on_row(rows)
                     del q, k, v
                     dout = None
                     torch.cuda.empty_cache()
     return rows
 
 
-def run_flashtile(args):
+def run_flashtile(args, on_row=lambda rows: None):
     rows = []
-    for dtype in args.dtype:
+    # One sweep per dtype, or with --write-each-row one CLI call per grid point, so that a run
+    # cut short keeps every point it finished.
+    if args.write_each_row:
+        sweeps = [(dtype, [d], [c], [s]) for dtype in args.dtype for d in args.head_dims
+                  for c in args.causal for s in args.seqlens]
+    else:
+        sweeps = [(dtype, args.head_dims, args.causal, args.seqlens) for dtype in args.dtype]
+    for dtype, head_dims, causals, seqlens in sweeps:
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "flashtile.json")
             cmd = [args.cli, "bench", "--sweep", "--dtype", dtype, "--backends", ",".join(args.backends),
-                   "--sweep-head-dims", ",".join(map(str, args.head_dims)),
-                   "--sweep-seqlens", ",".join(map(str, args.seqlens)),
-                   "--sweep-causal", ",".join("1" if c else "0" for c in args.causal),
+                   "--sweep-head-dims", ",".join(map(str, head_dims)),
+                   "--sweep-seqlens", ",".join(map(str, seqlens)),
+                   "--sweep-causal", ",".join("1" if c else "0" for c in causals),
                    "--pass", args.pass_, "--output", out]
             if args.cli_repeats:  # fewer timed calls where a device call is short of time
                 cmd += ["--repeats", str(args.cli_repeats), "--warmup", str(args.cli_warmup)]
@@ -138,6 +146,7 @@ def run_flashtile(args):
                                      causal=bool(r["causal"]), seqlen=s, batch=r["batch"],
                                      heads=r["heads"], ms=r["ms"], tflops=r["tflops"],
                                      max_abs_err=r.get("max_abs_err")))
+        on_row(rows)
     return rows
 
 
@@ -198,6 +207,9 @@ def main():
                    help="timed calls per point for the CLI (default: the CLI's own, 20)")
     p.add_argument("--cli-warmup", type=int, default=1,
                    help="untimed calls per point for the CLI, with --cli-repeats")
+    p.add_argument("--write-each-row", action="store_true",
+                   help="rewrite the output files after every row (the CLI then runs one call "
+                        "per grid point), so that a run cut short keeps what it measured")
     args = p.parse_args()
 
     os.makedirs(args.out, exist_ok=True)
@@ -207,15 +219,23 @@ def main():
     env = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
                cuda=torch.version.cuda)
     print(f"device {env['device']}, torch {env['torch']}, CUDA {env['cuda']}", file=sys.stderr)
-    rows = run_peers(args) + run_flashtile(args)
-    text, table = ratio_table(rows, ["flashtile:" + b for b in args.backends])
     stem = ("peers" if args.pass_ == "fwd" else "peers_" + args.pass_) + args.tag
-    with open(os.path.join(args.out, stem + ".json"), "w") as f:
-        json.dump({"env": env, "pass": args.pass_, "rows": rows, "ratios": table}, f, indent=1)
-    with open(os.path.join(args.out, stem + ".csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(table[0].keys()))
-        w.writeheader()
-        w.writerows(table)
+    ours = ["flashtile:" + b for b in args.backends]
+
+    def write_outputs(rows):
+        text, table = ratio_table(rows, ours)
+        with open(os.path.join(args.out, stem + ".json"), "w") as f:
+            json.dump({"env": env, "pass": args.pass_, "rows": rows, "ratios": table}, f, indent=1)
+        with open(os.path.join(args.out, stem + ".csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(table[0].keys()))
+            w.writeheader()
+            w.writerows(table)
+        return text
+
+    on_row = write_outputs if args.write_each_row else (lambda rows: None)
+    peer_rows = run_peers(args, on_row)
+    rows = peer_rows + run_flashtile(args, lambda ft_rows: on_row(peer_rows + ft_rows))
+    text = write_outputs(rows)
     if "f32" in args.dtype:
         # fp32: every implementation's own row (the ratio table has no column for MATH).
         with open(os.path.join(args.out, stem + "_rows.csv"), "w", newline="") as f:

@@ -55,13 +55,19 @@ namespace flashtile::detail::mma {
 //   kChunkRows: query rows of Sᵀ and dPᵀ a warp holds at once (a step walks kBlockM /
 //               kChunkRows chunks): fewer rows free registers, more rows read the K and V
 //               fragments fewer times
-template <int kHeadDim_, int kBlockM_, int kNWarps_, int kMinBlocks_, int kChunkRows_ = kBlockM_>
+//   kDqWarpMTiles: 16-row m-tiles of dQ = dS·K per warp. Each k-step of that product reads
+//               one dS fragment per m-tile and one K fragment per 16 columns, so a squarer
+//               warp tile reads fewer: at 128 keys, 1 m-tile of 64 columns takes 40 LDSM a
+//               step, 2 m-tiles of 32 columns 32 (same HMMA, same registers, same adds)
+template <int kHeadDim_, int kBlockM_, int kNWarps_, int kMinBlocks_, int kChunkRows_ = kBlockM_,
+          int kDqWarpMTiles_ = 1>
 struct MmaBackwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kNWarps = kNWarps_;
   static constexpr int kMinBlocks = kMinBlocks_;
   static constexpr int kChunkRows = kChunkRows_;
+  static constexpr int kDqWarpMTiles = kDqWarpMTiles_;
   static constexpr int kChunks = kBlockM / kChunkRows;
   static constexpr int kBlockN = 16 * kNWarps;
   static constexpr int kThreads = 32 * kNWarps;
@@ -69,9 +75,11 @@ struct MmaBackwardConfig {
   static constexpr int kKSteps = kHeadDim / 16;  // k-steps of K·Qᵀ and V·dOᵀ
   static constexpr int kDTiles = kHeadDim / 8;   // 8-column tiles of dK, dV
   static constexpr int kKeySteps = kBlockN / 16;  // k-steps of dS·K
-  // dQ = dS·K: warp w takes m-tile w % kDqMTiles and column group w / kDqMTiles.
+  // dQ = dS·K, (kBlockM rows, kHeadDim) per step: warp w takes the kDqWarpMTiles m-tiles
+  // of row group w % kDqRowGroups and column group w / kDqRowGroups.
   static constexpr int kDqMTiles = kBlockM / 16;
-  static constexpr int kDqGroups = kNWarps / kDqMTiles;
+  static constexpr int kDqRowGroups = kDqMTiles / kDqWarpMTiles;
+  static constexpr int kDqGroups = kNWarps / kDqRowGroups;
   static constexpr int kDqDTiles = kDTiles / kDqGroups;  // 8-column tiles per warp
 
   // Shared rows as the forward's (tile_io.cuh reads these names).
@@ -99,7 +107,8 @@ struct MmaBackwardConfig {
   static_assert(kBlockM % 64 == 0, "dSᵀ rows are whole groups of 8 swizzled chunks");
   static_assert(kChunkRows % 16 == 0 && kBlockM % kChunkRows == 0,
                 "a chunk is whole k-steps of Pᵀ·dO, and the block whole chunks");
-  static_assert(kNWarps % kDqMTiles == 0, "the warps split dQ's m-tiles evenly");
+  static_assert(kDqMTiles % kDqWarpMTiles == 0, "dQ's row groups are whole m-tiles");
+  static_assert(kNWarps % kDqRowGroups == 0, "the warps split dQ's row groups evenly");
   static_assert(kDTiles % (2 * kDqGroups) == 0, "each warp's dQ columns are whole d-tile pairs");
   static_assert(kThreads >= kBlockM, "one thread stages each query row's lse and D");
   static_assert(kThreads % kRowChunks == 0, "a cp.async pass covers whole rows");
@@ -253,16 +262,25 @@ __device__ __forceinline__ float logit_and_derivative(const LogitsTransform<floa
   }
 }
 
-// Adds v to the two fp32 at `to` (8-byte aligned): one vector reduction on sm_90 (one
-// instruction where scalar adds take two), two atomics before it. Either way each element
-// gets one add, so deterministic mode's fixed order is unchanged.
-__device__ __forceinline__ void atomic_add_pair(float* to, float2 v) {
+// Adds v to the two fp32 at `to` (8-byte aligned) when `add` holds: one predicated vector
+// reduction on sm_90 (one instruction where scalar adds take two), two atomics before it.
+// Either way each element gets one add, so deterministic mode's fixed order is unchanged.
+// The predicate, not a branch around the add: with a branch per add (and a null pointer for
+// rows past seqlen_q) ptxas moved each address into the same register pair before its
+// REDG, and every move waited for the previous REDG to read that pair (ncu: ~11% of the
+// stall samples, long scoreboard).
+__device__ __forceinline__ void atomic_add_pair_if(bool add, float* to, float2 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(to), "f"(v.x), "f"(v.y)
-               : "memory");
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %3, 0;\n\t"
+      "@p red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n\t}" ::"l"(to),
+      "f"(v.x), "f"(v.y), "r"(static_cast<int>(add))
+      : "memory");
 #else
-  atomicAdd(to, v.x);
-  atomicAdd(to + 1, v.y);
+  if (add) {
+    atomicAdd(to, v.x);
+    atomicAdd(to + 1, v.y);
+  }
 #endif
 }
 
@@ -327,12 +345,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Step s is query head `head_of(s)` and query block `block_of(s)`.
   auto head_of = [&](int s) { return hk * group + s / n_blocks; };
   auto block_of = [&](int s) { return blocks.begin + s % n_blocks; };
-  // Issues step s's Q and dO tiles into stage s % 2 and returns its lse·log2e and D for
-  // this thread's row (threads < kBlockM), which the caller stores once the stage is free.
-  // Rows past seqlen_q, and rows that see nothing (lse = −inf), get lse = +inf: P = 0.
-  auto issue_step = [&](int s, float& lse_log2, float& d_row) {
-    lse_log2 = INFINITY, d_row = 0.0f;
-    if (s >= steps) return;
+  // Issues step s's Q and dO tiles into stage s % 2 and loads its lse and D for this
+  // thread's row (threads < kBlockM), which the caller stages once the stage is free. The
+  // loaded values are not touched before then: any use here (the lse·log2e product, or
+  // merging them with the defaults of rows that load nothing) made the first warps wait on
+  // the global load at the top of every step (ncu: 14% of the stall samples).
+  struct RowStats {
+    float lse = 0.0f, d = 0.0f;
+    bool loaded = false;  // false: a row past seqlen_q, or no step s
+  };
+  auto issue_step = [&](int s) {
+    RowStats stats;
+    if (s >= steps) return stats;
     const int64_t h = head_of(s);
     const int row0 = block_of(s) * kBlockM;
     const int stage = s % 2;
@@ -343,24 +367,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
               static_cast<const T*>(bp.dout) + seq.row_offset_q(bp.dout_strides, b, row0, h),
               bp.dout_strides.row, seq.seqlen_q - row0, do_granule);
     const int row = row0 + static_cast<int>(threadIdx.x);
-    if (threadIdx.x < kBlockM && row < seq.seqlen_q) {
+    stats.loaded = threadIdx.x < kBlockM && row < seq.seqlen_q;
+    if (stats.loaded) {
       const int64_t at = seq.lse_index(p, b, h, row);
-      const float lse = p.lse[at];
-      if (lse != -INFINITY) lse_log2 = lse * kLog2e;
-      d_row = ws.d[at];
+      stats.lse = p.lse[at];
+      stats.d = ws.d[at];
     }
+    return stats;
   };
-  auto stage_row_stats = [&](int s, float lse_log2, float d_row) {
+  // Stages lse·log2e and D of step s's rows. Rows past seqlen_q, and rows that see nothing
+  // (lse = −inf), get lse = +inf: P = 0.
+  auto stage_row_stats = [&](int s, const RowStats& stats) {
     if (threadIdx.x < kBlockM) {
-      smem_lse[(s % 2) * kBlockM + threadIdx.x] = lse_log2;
-      smem_d[(s % 2) * kBlockM + threadIdx.x] = d_row;
+      const bool visible = stats.loaded && stats.lse != -INFINITY;
+      smem_lse[(s % 2) * kBlockM + threadIdx.x] = visible ? stats.lse * kLog2e : INFINITY;
+      smem_d[(s % 2) * kBlockM + threadIdx.x] = stats.loaded ? stats.d : 0.0f;
     }
   };
-  {
-    float lse_log2, d_row;
-    issue_step(0, lse_log2, d_row);
-    stage_row_stats(0, lse_log2, d_row);
-  }
+  stage_row_stats(0, issue_step(0));
   ptx::cp_async_commit();
   ptx::cp_async_wait<0>();  // K, V and step 0's tiles have landed for this thread ...
   __syncthreads();          // ... and for every thread, as have step 0's row stats
@@ -384,14 +408,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   zero_accumulators(dk, dv);
 
   const float scale_log2 = p.scale * kLog2e;
-  const int dq_mtile = warp % Cfg::kDqMTiles;
-  const int dq_col0 = (warp / Cfg::kDqMTiles) * Cfg::kDqDTiles * 8;
+  constexpr int kDqWarpMTiles = Cfg::kDqWarpMTiles;
+  const int dq_mtile0 = (warp % Cfg::kDqRowGroups) * kDqWarpMTiles;
+  const int dq_col0 = (warp / Cfg::kDqRowGroups) * Cfg::kDqDTiles * 8;
   // dQ's column offsets depend on the warp (a run-time value): computed once here, as
   // SwizzledPairs' table indexed at run time would live in local memory.
   auto swizzled_chunk = [&](int chunk) {
     return static_cast<uint32_t>(((chunk & ~7) + ((chunk & 7) ^ (lane % 8))) * 16);
   };
-  const uint32_t ds_cols = swizzled_chunk(2 * dq_mtile + (lane / 8) % 2);
+  uint32_t ds_cols[kDqWarpMTiles];  // dSᵀ's row chunks of each of this warp's m-tiles
+#pragma unroll
+  for (int mt = 0; mt < kDqWarpMTiles; ++mt)
+    ds_cols[mt] = swizzled_chunk(2 * (dq_mtile0 + mt) + (lane / 8) % 2);
   uint32_t dq_k_cols[Cfg::kDqDTiles / 2];
 #pragma unroll
   for (int dp = 0; dp < Cfg::kDqDTiles / 2; ++dp)
@@ -400,8 +428,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   for (int s = 0; s < steps; ++s) {
     // One barrier per step, after dSᵀ is written. Stage (s+1) % 2 is free here: its last
     // reads (step s-1's products and row stats) came before step s-1's barrier.
-    float next_lse_log2, next_d;
-    issue_step(s + 1, next_lse_log2, next_d);
+    const RowStats next_stats = issue_step(s + 1);
     ptx::cp_async_commit();
 
     const int64_t h = head_of(s);
@@ -526,24 +553,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         }
       }
     }
-    stage_row_stats(s + 1, next_lse_log2, next_d);
+    stage_row_stats(s + 1, next_stats);
     ptx::cp_async_wait<0>();  // step s+1's tiles have landed for this thread ...
     __syncthreads();          // ... and for every thread; dSᵀ is whole
 
-    // dQ_i += dS·K: this warp's m-tile and columns; A from dSᵀ through .trans, B from K.
-    float dq[Cfg::kDqDTiles][4];
+    // dQ_i += dS·K: this warp's m-tiles and columns, (16·kDqWarpMTiles rows, 8·kDqDTiles
+    // columns); A from dSᵀ through .trans, B from K, each fragment read once a k-step.
+    float dq[kDqWarpMTiles][Cfg::kDqDTiles][4];
     zero_accumulator(dq);
 #pragma unroll
     for (int ks = 0; ks < Cfg::kKeySteps; ++ks) {
-      uint32_t a[4];
-      ptx::ldmatrix_x4_trans(a,
-                             smem_base + ds_at + (bn_lane_row + ks * 16) * kDsRowBytes + ds_cols);
+      uint32_t a[kDqWarpMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kDqWarpMTiles; ++mt)
+        ptx::ldmatrix_x4_trans(
+            a[mt], smem_base + ds_at + (bn_lane_row + ks * 16) * kDsRowBytes + ds_cols[mt]);
 #pragma unroll
       for (int dp = 0; dp < Cfg::kDqDTiles / 2; ++dp) {
         uint32_t kb[4];
         ptx::ldmatrix_x4_trans(kb, smem_k + (bk_lane_row + ks * 16) * kRowBytes + dq_k_cols[dp]);
-        ptx::mma_m16n8k16<T>(dq[2 * dp], a, kb[0], kb[1]);
-        ptx::mma_m16n8k16<T>(dq[2 * dp + 1], a, kb[2], kb[3]);
+#pragma unroll
+        for (int mt = 0; mt < kDqWarpMTiles; ++mt) {
+          ptx::mma_m16n8k16<T>(dq[mt][2 * dp], a[mt], kb[0], kb[1]);
+          ptx::mma_m16n8k16<T>(dq[mt][2 * dp + 1], a[mt], kb[2], kb[3]);
+        }
       }
     }
     // Deterministic: the key blocks that visit this query block add in key-block order.
@@ -564,19 +597,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     // 2t, 2t+1) with one 8-byte reduction each: twice the requests of 16-byte ones, but no
     // shuffles to gather four columns (aligned: the accumulator starts 256-byte aligned, its
     // rows and heads are multiples of kHeadDim floats, the columns even).
-    const int dq_row_lo = row0 + dq_mtile * 16 + g, dq_row_hi = dq_row_lo + 8;
-    float* const dq_lo = dq_row_lo < seq.seqlen_q
-                             ? ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_lo, h) +
-                                   dq_col0 + 2 * t
-                             : nullptr;
-    float* const dq_hi = dq_row_hi < seq.seqlen_q
-                             ? ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_hi, h) +
-                                   dq_col0 + 2 * t
-                             : nullptr;
+    // Rows past seqlen_q add nothing (their addresses are formed, never written).
 #pragma unroll
-    for (int dt = 0; dt < Cfg::kDqDTiles; ++dt) {
-      if (dq_lo != nullptr) atomic_add_pair(dq_lo + dt * 8, make_float2(dq[dt][0], dq[dt][1]));
-      if (dq_hi != nullptr) atomic_add_pair(dq_hi + dt * 8, make_float2(dq[dt][2], dq[dt][3]));
+    for (int mt = 0; mt < kDqWarpMTiles; ++mt) {
+      const int dq_row_lo = row0 + (dq_mtile0 + mt) * 16 + g, dq_row_hi = dq_row_lo + 8;
+      float* const dq_lo =
+          ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_lo, h) + dq_col0 + 2 * t;
+      float* const dq_hi =
+          ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_hi, h) + dq_col0 + 2 * t;
+      const bool lo_rows = dq_row_lo < seq.seqlen_q, hi_rows = dq_row_hi < seq.seqlen_q;
+#pragma unroll
+      for (int dt = 0; dt < Cfg::kDqDTiles; ++dt) {
+        atomic_add_pair_if(lo_rows, dq_lo + dt * 8, make_float2(dq[mt][dt][0], dq[mt][dt][1]));
+        atomic_add_pair_if(hi_rows, dq_hi + dt * 8, make_float2(dq[mt][dt][2], dq[mt][dt][3]));
+      }
     }
     if (bp.deterministic) {
       __syncthreads();  // every thread's adds are issued ...

@@ -1,6 +1,7 @@
 // Tile sizes of the cuda_mma backward (backward_kernel.cuh), one configuration per
 // specialised head dim; any head dim 1..128 runs zero-padded on the next one up.
-// MmaBackwardConfig<kHeadDim, kBlockM, kNWarps (16 keys each), kMinBlocks, kChunkRows>.
+// MmaBackwardConfig<kHeadDim, kBlockM, kNWarps (16 keys each), kMinBlocks, kChunkRows,
+// kDqWarpMTiles>.
 // Larger head dims are refused: dK and dV of a warp's 16 keys live in 2·kHeadDim/2
 // fp32 registers per thread, which at 256 leaves nothing for S and dP.
 #pragma once
@@ -10,6 +11,17 @@
 namespace flashtile::detail::mma {
 
 inline constexpr int kBackwardHeadDims[] = {64, 128};
+
+// dQ = dS·K's warp tile at both head dims: 2 m-tiles (32 rows) by 32 columns, as
+// FlashAttention-2's dQ product (2 x 4 warps at d=128, 4 x 2 at d=64), 32 LDSM a step; 1 is
+// the earlier 16 rows by 64 (d=128) or 64 (d=64, 128-row steps) columns, 40 LDSM a step.
+// -DFLASHTILE_MMA_BACKWARD_DQ_MTILES=1 builds the earlier tile for an A/B. Alone, on the
+// third session's kernel, the 32 x 32 tile measured 1.014-1.051x of the earlier one (H200,
+// bf16, 4k, d 64/128, causal and not; docs/JOURNEY.md "Step 3b, fourth session").
+#ifndef FLASHTILE_MMA_BACKWARD_DQ_MTILES
+#define FLASHTILE_MMA_BACKWARD_DQ_MTILES 2
+#endif
+inline constexpr int kBackwardDqWarpMTiles = FLASHTILE_MMA_BACKWARD_DQ_MTILES;
 
 template <int kHeadDim>
 struct MmaBackwardTraits;
@@ -24,10 +36,13 @@ struct MmaBackwardTraits;
 //   <D, 64, 8, 1>, first kernel (2)  112.2 / 123.5 / 129.7   132.8 / 148.7 / 156.3
 //   <D, 64, 8, 1>, second kernel (2) 151.0 / 185.1 / 194.4   176.6 / 203.0 / 215.1
 //   the same, re-timed (3)           149.2 / 183.1 / 194.0   169.4 / 201.7 / 214.2
-//   today's (3)                      181.6 / 229.0 / 246.5   178.6 / 228.6 / 241.9
+//   the third session's (3)          181.6 / 229.0 / 246.5   178.6 / 228.6 / 241.9
+//   today's (4)                      182.3 / 222.7 / 243.2   194.0 / 233.8 / 247.1
 // (1) one call, first session; (2) one call, second session (dQ by 16-byte reductions, one
 // barrier per step); (3) one call, third session: chunks, dPᵀ from −D, the unmasked P/dS
-// copy, 8-byte reductions, d=64 at 128 rows. The 4-warp shape was not re-timed since (1).
+// copy, 8-byte reductions, d=64 at 128 rows; (4) one call, fourth session: dQ on 32 x 32
+// warp tiles, row stats untouched until staged, predicated dQ adds. The 4-warp shape was not
+// re-timed since (1).
 // d=64 takes 128 query rows per step (FlashAttention-2's d=64 tile, 128 x 128) in two chunks
 // of 64: the registers of d=128's chunks (Sᵀ and dPᵀ 64, dK and dV 64 a thread), half the
 // steps per key block, so half the barriers, row-stat stagings, Q/dO issues and step
@@ -35,7 +50,7 @@ struct MmaBackwardTraits;
 // Alone (before the unmasked P/dS copy) it measured 0.94x / 0.96x of 64 rows at 4k
 // (non-causal / causal); 128 against 64 rows was not re-measured on today's kernel.
 template <>
-struct MmaBackwardTraits<64> : MmaBackwardConfig<64, 128, 8, 1, 64> {};
+struct MmaBackwardTraits<64> : MmaBackwardConfig<64, 128, 8, 1, 64, kBackwardDqWarpMTiles> {};
 // d=128 walks each step's 64 rows in two chunks of 32 (Sᵀ and dPᵀ 32 registers a thread,
 // not 64; K and V fragments read twice, 200 LDSM a step instead of 184). Local loads /
 // stores in cuobjdump -sass (sm_90a, bf16 and fp16 alike), the second session's kernel ->
@@ -43,7 +58,7 @@ struct MmaBackwardTraits<64> : MmaBackwardConfig<64, 128, 8, 1, 64> {};
 // narrow path's kernel 8/9 -> 11/11. Alone (before the unmasked P/dS copy), the chunks
 // measured 0.98-0.99x of one chunk at 4k (d=128, causal and not; Step 3b, third session).
 template <>
-struct MmaBackwardTraits<128> : MmaBackwardConfig<128, 64, 8, 1, 32> {};
+struct MmaBackwardTraits<128> : MmaBackwardConfig<128, 64, 8, 1, 32, kBackwardDqWarpMTiles> {};
 
 // The smallest backward head dim that holds head_dim (0 when none does).
 constexpr int backward_head_dim(int64_t head_dim) {
