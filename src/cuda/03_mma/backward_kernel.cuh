@@ -262,25 +262,16 @@ __device__ __forceinline__ float logit_and_derivative(const LogitsTransform<floa
   }
 }
 
-// Adds v to the two fp32 at `to` (8-byte aligned) when `add` holds: one predicated vector
-// reduction on sm_90 (one instruction where scalar adds take two), two atomics before it.
-// Either way each element gets one add, so deterministic mode's fixed order is unchanged.
-// The predicate, not a branch around the add: with a branch per add (and a null pointer for
-// rows past seqlen_q) ptxas moved each address into the same register pair before its
-// REDG, and every move waited for the previous REDG to read that pair (ncu: ~11% of the
-// stall samples, long scoreboard).
-__device__ __forceinline__ void atomic_add_pair_if(bool add, float* to, float2 v) {
+// Adds v to the two fp32 at `to` (8-byte aligned): one vector reduction on sm_90 (one
+// instruction where scalar adds take two), two atomics before it. Either way each element
+// gets one add, so deterministic mode's fixed order is unchanged.
+__device__ __forceinline__ void atomic_add_pair(float* to, float2 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %3, 0;\n\t"
-      "@p red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n\t}" ::"l"(to),
-      "f"(v.x), "f"(v.y), "r"(static_cast<int>(add))
-      : "memory");
+  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(to), "f"(v.x), "f"(v.y)
+               : "memory");
 #else
-  if (add) {
-    atomicAdd(to, v.x);
-    atomicAdd(to + 1, v.y);
-  }
+  atomicAdd(to, v.x);
+  atomicAdd(to + 1, v.y);
 #endif
 }
 
@@ -345,18 +336,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Step s is query head `head_of(s)` and query block `block_of(s)`.
   auto head_of = [&](int s) { return hk * group + s / n_blocks; };
   auto block_of = [&](int s) { return blocks.begin + s % n_blocks; };
-  // Issues step s's Q and dO tiles into stage s % 2 and loads its lse and D for this
-  // thread's row (threads < kBlockM), which the caller stages once the stage is free. The
-  // loaded values are not touched before then: any use here (the lse·log2e product, or
-  // merging them with the defaults of rows that load nothing) made the first warps wait on
-  // the global load at the top of every step (ncu: 14% of the stall samples).
-  struct RowStats {
-    float lse = 0.0f, d = 0.0f;
-    bool loaded = false;  // false: a row past seqlen_q, or no step s
-  };
-  auto issue_step = [&](int s) {
-    RowStats stats;
-    if (s >= steps) return stats;
+  // Issues step s's Q and dO tiles into stage s % 2 and returns its lse·log2e and D for
+  // this thread's row (threads < kBlockM), which the caller stores once the stage is free.
+  // Rows past seqlen_q, and rows that see nothing (lse = −inf), get lse = +inf: P = 0.
+  auto issue_step = [&](int s, float& lse_log2, float& d_row) {
+    lse_log2 = INFINITY, d_row = 0.0f;
+    if (s >= steps) return;
     const int64_t h = head_of(s);
     const int row0 = block_of(s) * kBlockM;
     const int stage = s % 2;
@@ -367,24 +352,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
               static_cast<const T*>(bp.dout) + seq.row_offset_q(bp.dout_strides, b, row0, h),
               bp.dout_strides.row, seq.seqlen_q - row0, do_granule);
     const int row = row0 + static_cast<int>(threadIdx.x);
-    stats.loaded = threadIdx.x < kBlockM && row < seq.seqlen_q;
-    if (stats.loaded) {
+    if (threadIdx.x < kBlockM && row < seq.seqlen_q) {
       const int64_t at = seq.lse_index(p, b, h, row);
-      stats.lse = p.lse[at];
-      stats.d = ws.d[at];
+      const float lse = p.lse[at];
+      if (lse != -INFINITY) lse_log2 = lse * kLog2e;
+      d_row = ws.d[at];
     }
-    return stats;
   };
-  // Stages lse·log2e and D of step s's rows. Rows past seqlen_q, and rows that see nothing
-  // (lse = −inf), get lse = +inf: P = 0.
-  auto stage_row_stats = [&](int s, const RowStats& stats) {
+  auto stage_row_stats = [&](int s, float lse_log2, float d_row) {
     if (threadIdx.x < kBlockM) {
-      const bool visible = stats.loaded && stats.lse != -INFINITY;
-      smem_lse[(s % 2) * kBlockM + threadIdx.x] = visible ? stats.lse * kLog2e : INFINITY;
-      smem_d[(s % 2) * kBlockM + threadIdx.x] = stats.loaded ? stats.d : 0.0f;
+      smem_lse[(s % 2) * kBlockM + threadIdx.x] = lse_log2;
+      smem_d[(s % 2) * kBlockM + threadIdx.x] = d_row;
     }
   };
-  stage_row_stats(0, issue_step(0));
+  {
+    float lse_log2, d_row;
+    issue_step(0, lse_log2, d_row);
+    stage_row_stats(0, lse_log2, d_row);
+  }
   ptx::cp_async_commit();
   ptx::cp_async_wait<0>();  // K, V and step 0's tiles have landed for this thread ...
   __syncthreads();          // ... and for every thread, as have step 0's row stats
@@ -428,7 +413,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   for (int s = 0; s < steps; ++s) {
     // One barrier per step, after dSᵀ is written. Stage (s+1) % 2 is free here: its last
     // reads (step s-1's products and row stats) came before step s-1's barrier.
-    const RowStats next_stats = issue_step(s + 1);
+    float next_lse_log2, next_d;
+    issue_step(s + 1, next_lse_log2, next_d);
     ptx::cp_async_commit();
 
     const int64_t h = head_of(s);
@@ -553,7 +539,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         }
       }
     }
-    stage_row_stats(s + 1, next_stats);
+    stage_row_stats(s + 1, next_lse_log2, next_d);
     ptx::cp_async_wait<0>();  // step s+1's tiles have landed for this thread ...
     __syncthreads();          // ... and for every thread; dSᵀ is whole
 
@@ -597,19 +583,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     // 2t, 2t+1) with one 8-byte reduction each: twice the requests of 16-byte ones, but no
     // shuffles to gather four columns (aligned: the accumulator starts 256-byte aligned, its
     // rows and heads are multiples of kHeadDim floats, the columns even).
-    // Rows past seqlen_q add nothing (their addresses are formed, never written).
 #pragma unroll
     for (int mt = 0; mt < kDqWarpMTiles; ++mt) {
       const int dq_row_lo = row0 + (dq_mtile0 + mt) * 16 + g, dq_row_hi = dq_row_lo + 8;
-      float* const dq_lo =
-          ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_lo, h) + dq_col0 + 2 * t;
-      float* const dq_hi =
-          ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_hi, h) + dq_col0 + 2 * t;
-      const bool lo_rows = dq_row_lo < seq.seqlen_q, hi_rows = dq_row_hi < seq.seqlen_q;
+      float* const dq_lo = dq_row_lo < seq.seqlen_q
+                               ? ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_lo, h) +
+                                     dq_col0 + 2 * t
+                               : nullptr;
+      float* const dq_hi = dq_row_hi < seq.seqlen_q
+                               ? ws.dq + seq.row_offset_q(ws.dq_strides, b, dq_row_hi, h) +
+                                     dq_col0 + 2 * t
+                               : nullptr;
 #pragma unroll
       for (int dt = 0; dt < Cfg::kDqDTiles; ++dt) {
-        atomic_add_pair_if(lo_rows, dq_lo + dt * 8, make_float2(dq[mt][dt][0], dq[mt][dt][1]));
-        atomic_add_pair_if(hi_rows, dq_hi + dt * 8, make_float2(dq[mt][dt][2], dq[mt][dt][3]));
+        if (dq_lo != nullptr)
+          atomic_add_pair(dq_lo + dt * 8, make_float2(dq[mt][dt][0], dq[mt][dt][1]));
+        if (dq_hi != nullptr)
+          atomic_add_pair(dq_hi + dt * 8, make_float2(dq[mt][dt][2], dq[mt][dt][3]));
       }
     }
     if (bp.deterministic) {
