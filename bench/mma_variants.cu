@@ -36,6 +36,8 @@
 #if __has_include("attn/mask.hpp")
 #define FLASHTILE_BENCH_VARIANTS 1  // the feature core is there: variants, varlen
 #include "api/params.hpp"
+#include "attn/mask.hpp"
+#include "attn/seqlen.hpp"
 #include "cuda/03_mma/traits.cuh"
 #else
 #define FLASHTILE_BENCH_VARIANTS 0
@@ -262,7 +264,11 @@ struct Bench {
       o.window = {left, 0};
       o.backend = Backend::cuda_mma;
       const detail::AttentionParams p = detail::validate({q, k, v, &out, nullptr, o});
-      const double flops = 4.0 * p.heads_q * double(p.seqlen_q) * p.seqlen_q * p.head_dim / 2.0;
+      // The window's own work (its visible pairs), not the causal call's.
+      const detail::Mask<int64_t> mask = detail::SeqlenInfo<int64_t>(p, 0).mask(p);
+      double pairs = 0;
+      for (int64_t i = 0; i < p.seqlen_q; ++i) pairs += double(mask.visible_keys(i));
+      const double flops = 4.0 * p.heads_q * p.head_dim * pairs;
       window_shape_one<Traits, GridSchedule>("grid (main)", p, flops);
       window_shape_one<Traits, WindowSchedule>("block-major (library)", p, flops);
       if (left != 1024) continue;
