@@ -62,7 +62,7 @@ struct Sm90Kernel {
   int64_t head_dim;
   const char* split;  // FLASHTILE_TF32X3_SM90_SPLIT (nullptr: unset, the default)
 };
-constexpr Sm90Kernel kSm90Kernels[] = {{64, nullptr}, {128, "staggered"}, {128, "between"}};
+constexpr Sm90Kernel kSm90Kernels[] = {{64, nullptr}, {128, nullptr}};
 constexpr const char* kSplitEnv = "FLASHTILE_TF32X3_SM90_SPLIT";
 
 std::string describe(const Sm90Kernel& k) {
@@ -247,81 +247,6 @@ TEST(CudaTf32x3Sm90, SelectorChoosesByCoverage) {
   {
     const ScopedEnv bad("FLASHTILE_TF32X3_PATH", "tensor");
     EXPECT_THROW(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Error);
-  }
-}
-
-// d=128's two split schedules run the same products in the same order on the same planes,
-// so their outputs and LSEs agree bitwise (and both match the oracle): odd lengths, sq != sk
-// both ways, causal, GQA and MQA, strides, a variant mix, and a varlen batch.
-TEST(CudaTf32x3Sm90, D128SplitSchedulesAgreeBitwise) {
-  SKIP_WITHOUT_WGMMA();
-  const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
-  std::vector<Shape> shapes;
-  for (const testing::Lengths& len :
-       std::vector<testing::Lengths>{{1, 33}, {95, 31}, {129, 257}, {300, 77}, {520, 1000}})
-    for (bool causal : {false, true}) {
-      Shape s = shape_of(2, len.q, len.k, 4, shapes.size() % 3 == 2 ? 1 : 2, 128);
-      s.causal = causal;
-      s.strided = shapes.size() % 4 == 1;
-      shapes.push_back(s);
-    }
-  {
-    Shape s = shape_of(1, 333, 444, 4, 2, 128);
-    s.window = {40, 7}, s.softcap = 10.0f, s.alibi = true, s.sinks = true;
-    shapes.push_back(s);
-    const testing::VarlenBatch& batch = testing::varlen_batches().back();
-    Shape v = testing::with_variant(shape_of(1, 0, 0, 4, 2, 128), testing::varlen_variants().back());
-    v.varlen_q = batch.q, v.varlen_k = batch.k, v.seqused_k = batch.used;
-    shapes.push_back(v);
-  }
-  if (small_grid())  // (compute-sanitizer) the shortest two and the variant and varlen ones
-    shapes.erase(shapes.begin() + 2, shapes.end() - 2);
-  for (const Shape& s : shapes) {
-    SCOPED_TRACE(s.describe());
-    AttentionCase c(s);
-    DeviceCase d(c);
-    {
-      const ScopedEnv split(kSplitEnv, "staggered");
-      if (!s.is_varlen()) ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);  // (dense calls)
-      d.run(c, kTf32x3);
-      EXPECT_TRUE(testing::matches_oracle(c)) << "staggered";
-    }
-    const testing::HostBytes staggered_out = c.out.bytes;
-    const std::vector<float> staggered_lse = c.lse;
-    {
-      const ScopedEnv split(kSplitEnv, "between");
-      d.poison();
-      d.run(c, kTf32x3);
-      EXPECT_TRUE(testing::matches_oracle(c)) << "between";
-    }
-    EXPECT_EQ(c.out.bytes, staggered_out) << "outputs differ between the schedules";
-    EXPECT_EQ(std::memcmp(c.lse.data(), staggered_lse.data(), c.lse.size() * sizeof(float)), 0)
-        << "LSEs differ between the schedules";
-  }
-}
-
-// A FLASHTILE_TF32X3_SM90_SPLIT that names no schedule is refused by name, with the values
-// it takes and the one given, before anything is written.
-TEST(CudaTf32x3Sm90, UnknownSplitScheduleIsRefusedAndWritesNothing) {
-  SKIP_WITHOUT_WGMMA();
-  const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
-  for (int64_t head_dim : {64, 128}) {
-    AttentionCase c(shape_of(1, 200, 200, 2, 2, head_dim));
-    DeviceCase d(c);
-    ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);
-    const ScopedEnv bad(kSplitEnv, "sideways");
-    try {
-      d.run(c, kTf32x3);
-      ADD_FAILURE() << "no error for FLASHTILE_TF32X3_SM90_SPLIT=sideways at d=" << head_dim;
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("FLASHTILE_TF32X3_SM90_SPLIT"), std::string::npos) << what;
-      EXPECT_NE(what.find("\"staggered\" or \"between\""), std::string::npos) << what;
-      EXPECT_NE(what.find("sideways"), std::string::npos) << what;
-    }
-    d.copy_back(c);
-    const testing::HostBytes poisoned(c.out.bytes.size(), 0xFF);
-    EXPECT_EQ(c.out.bytes, poisoned) << "the output was written";
   }
 }
 
