@@ -15,6 +15,26 @@ namespace flashtile::detail::tf32x3 {
 // The head dims the wgmma path has kernels for (exactly these; others run on mma.sync).
 inline constexpr int kSm90HeadDims[] = {64, 128};
 
+// How the d=128 kernel (one set of K/Vᵀ planes, split between two barriers) orders its two
+// consumer warpgroups' wgmma, set by FLASHTILE_TF32X3_SM90_SCHEDULE (read per call whenever
+// the wgmma path runs; d=64's overlapped pipeline ignores it):
+//   "together" (default)  both issue S at once, so both softmaxes run with the tensor
+//                         cores idle (step 2c's first kernel)
+//   "pingpong"            warpgroup 1 issues S after warpgroup 0, so each softmax runs
+//                         under the other warpgroup's wgmma (step 2c.4)
+enum class Tf32Sm90Schedule { together, pingpong };
+
+inline Tf32Sm90Schedule tf32x3_sm90_schedule_from_environment() {
+  const char* value = std::getenv("FLASHTILE_TF32X3_SM90_SCHEDULE");
+  if (value == nullptr || *value == '\0' || std::string(value) == "together")
+    return Tf32Sm90Schedule::together;
+  if (std::string(value) == "pingpong") return Tf32Sm90Schedule::pingpong;
+  throw Error(ErrorKind::invalid_argument,
+              std::string("FLASHTILE_TF32X3_SM90_SCHEDULE must be \"pingpong\" or "
+                          "\"together\"; got \"") +
+                  value + "\"");
+}
+
 // Runs the wgmma forward for head dim kHeadDim (p validated; fp32, head_dim == kHeadDim,
 // rows on 16 bytes, no key split: backend.cu checks), on `stream`.
 template <int kHeadDim>

@@ -27,7 +27,8 @@
 // Two pipelines (Tf32Sm90Config::kOverlapSplit):
 //  - tf32x3_sm90_forward_kernel (d=128: a second plane set does not fit): one set of
 //    planes; per tile every thread splits K and V (a CTA-wide transpose) between two
-//    __syncthreads, with the tensor cores idle.
+//    __syncthreads, with the tensor cores idle; the two warpgroups' wgmma either together
+//    or in ping-pong order (FLASHTILE_TF32X3_SM90_SCHEDULE).
 //  - tf32x3_sm90_overlap_kernel (d=64): two sets; each thread stages and splits only its own
 //    chunks (V as a 4x4 block it transposes itself), so tile j + 1 is split into the other
 //    set while S(j)'s wgmma run, and one __syncthreads per tile remains.
@@ -60,6 +61,7 @@
 #include "cuda/05_tf32x3/sm90.hpp"
 #include "cuda/common.cuh"
 #include "cuda/mma_fragment.cuh"
+#include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tf32.cuh"
 #include "cuda/ptx/wgmma.cuh"
 
@@ -429,13 +431,22 @@ struct Tf32Sm90Work {
   }
 };
 
+// Named barrier of the ping-pong schedule: warpgroup 0 arrives once its S wgmma are issued,
+// warpgroup 1 waits on it before issuing its own (0 is __syncthreads).
+inline constexpr int kFirstScoresIssuedBarrier = 1;
+
 // The first pipeline (d=128): one set of planes; per tile every thread splits K and
 // (transposing) V between two __syncthreads, with the tensor cores idle, and the next
-// tile's raw rows load while this one computes.
-template <class Cfg, class Logits>
+// tile's raw rows load while this one computes. kPingPong orders the two warpgroups'
+// S wgmma (warpgroup 0's first, step 2c.4): warpgroup 0's S completes in half the time of
+// both at once, so its softmax runs under warpgroup 1's S and warpgroup 1's under
+// warpgroup 0's P·V, instead of both softmaxes with the tensor cores idle. Same products
+// in the same order, so both schedules write the same bits.
+template <class Cfg, class Logits, bool kPingPong>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     tf32x3_sm90_forward_kernel(const AttentionParams p) {
   static_assert(!Cfg::kOverlapSplit, "the overlapped pipeline is tf32x3_sm90_overlap_kernel");
+  static_assert(!kPingPong || Cfg::kWarpgroups == 2, "ping-pong orders two consumer warpgroups");
   constexpr int kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const Tf32Sm90Smem<Cfg> sm(smem_raw);
@@ -473,7 +484,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::fence_proxy_async_shared();  // the planes (and Q's, once) are read by wgmma next
     __syncthreads();                  // planes written; the staging area is free
     issue_tile(tile + 1);
-    consumer.issue_scores(sm.q_big, sm.q_small, sm.k_big(0), sm.k_small(0));
+    if constexpr (kPingPong) {  // (the __syncthreads above keep one hand-over per tile)
+      const bool first = threadIdx.x < sm90::kWarpgroupThreads;
+      if (!first) ptx::named_barrier_sync(kFirstScoresIssuedBarrier, Cfg::kThreads);
+      consumer.issue_scores(sm.q_big, sm.q_small, sm.k_big(0), sm.k_small(0));
+      if (first) ptx::named_barrier_arrive(kFirstScoresIssuedBarrier, Cfg::kThreads);
+    } else {
+      consumer.issue_scores(sm.q_big, sm.q_small, sm.k_big(0), sm.k_small(0));
+    }
     consumer.softmax(work.mask, work.blocks, logits, work.row_start, work.last_row,
                      work.key_block(tile));
     consumer.accumulate_pv(sm.vt_big(0), sm.vt_small(0));
@@ -606,17 +624,23 @@ void launch_tf32x3_sm90(const AttentionParams& p, cudaStream_t stream, const cha
   check_launch(name);
 }
 
-// One head dim's kernels (instantiated in sm90_hdim<D>.cu): one per LogitsFlags.
+// One head dim's kernels (instantiated in sm90_hdim<D>.cu): one per LogitsFlags and, with
+// one set of planes (d=128), per schedule (FLASHTILE_TF32X3_SM90_SCHEDULE, sm90.hpp).
 template <int kHeadDim>
 void run_tf32x3_sm90_forward(const AttentionParams& p, cudaStream_t stream) {
   using Cfg = Tf32Sm90Traits<kHeadDim>;
+  const Tf32Sm90Schedule schedule = tf32x3_sm90_schedule_from_environment();
   with_logits_flags(p, [&](auto flags) {
     using Logits = decltype(flags);
     if constexpr (Cfg::kOverlapSplit) {
+      (void)schedule;  // two plane sets: the overlapped pipeline, whatever the setting
       launch_tf32x3_sm90<Cfg, &tf32x3_sm90_overlap_kernel<Cfg, Logits>>(
           p, stream, "tf32x3_sm90_overlap_kernel");
+    } else if (schedule == Tf32Sm90Schedule::pingpong) {
+      launch_tf32x3_sm90<Cfg, &tf32x3_sm90_forward_kernel<Cfg, Logits, true>>(
+          p, stream, "tf32x3_sm90_forward_kernel<pingpong>");
     } else {
-      launch_tf32x3_sm90<Cfg, &tf32x3_sm90_forward_kernel<Cfg, Logits>>(
+      launch_tf32x3_sm90<Cfg, &tf32x3_sm90_forward_kernel<Cfg, Logits, false>>(
           p, stream, "tf32x3_sm90_forward_kernel");
     }
   });
