@@ -5,10 +5,10 @@
 #    cuda_tf32x3 suite (sharded over the host's cores), compute-sanitizer memcheck and
 #    racecheck on a small subset, the field grid beside SDPA's memory-efficient kernel
 #    (bench/peers.py) and the mma.sync kernel on the same grid (FLASHTILE_TF32X3_PATH=mma).
-#  d128: step 2c.2's A/B in under a minute: the wgmma tests (both d=128 split schedules)
+#  d128: step 2c.4's A/B in under a minute: the wgmma tests (both d=128 schedules)
 #    and two default-path cuda_tf32x3 suites, sharded; racecheck on the schedules' bitwise
-#    test (small grid); the d=128 field grid beside SDPA-efficient on the default (staggered)
-#    schedule, then the CLI's sweep of the same grid with FLASHTILE_TF32X3_SM90_SPLIT=between.
+#    test (small grid); the d=128 field grid beside SDPA-efficient on the default (together)
+#    schedule, then the CLI's sweep of the same grid with FLASHTILE_TF32X3_SM90_SCHEDULE=pingpong.
 # Binaries: from a build tree (BIN_DIR=build-gpu: tools/flashtile, tests/...) or a gzip tar
 # built elsewhere for sm_90a (BIN_TAR: flashtile, flashtile_cuda_tf32x3_sm90_tests,
 # flashtile_cuda_tf32x3_tests, flat). The logs come back as $OUT/logs.tgz.
@@ -46,7 +46,7 @@ if [ "${1:-}" = d128 ]; then
   # Tests (their time is the host oracle: shards on the host's cores) beside racecheck.
   stamp tests
   FLASHTILE_SMALL_GRID=1 timeout 40 $CS --tool racecheck --error-exitcode 1 "$T_SM90" \
-    --gtest_filter='CudaTf32x3Sm90.D128SplitSchedulesAgreeBitwise' > "$logs/racecheck.log" 2>&1 &
+    --gtest_filter='CudaTf32x3Sm90.D128SchedulesAgreeBitwise' > "$logs/racecheck.log" 2>&1 &
   race_pid=$!
   pids=""
   sm90_filter='CudaTf32x3Sm90.*:-CudaTf32x3Sm90.SelectorChoosesByCoverage:CudaTf32x3Sm90.LongSequenceOnOneHead'
@@ -55,7 +55,7 @@ if [ "${1:-}" = d128 ]; then
       > "$logs/sm90_tests_$i.log" 2>&1 &
     pids="$pids $!"
   done
-  # The default path (staggered at d=128) through the backend's own suite.
+  # The default path (together at d=128) through the backend's own suite.
   for t in VarlenMatchesOracle NonFiniteValuesFollowTheRule; do
     timeout 30 "$T_TF32" --gtest_filter="CudaTf32x3.$t" > "$logs/tf32x3_$t.log" 2>&1 &
     pids="$pids $!"
@@ -66,17 +66,17 @@ if [ "${1:-}" = d128 ]; then
   grep -h "^\[  PASSED\|^\[  FAILED\|^\[  SKIPPED\|^\[       OK\|worst\|median\|Failure" "$logs"/sm90_tests_*.log \
     "$logs"/tf32x3_*.log | sort | uniq -c | head -40
   wait $race_pid; echo "racecheck rc=$?"; tail -n 3 "$logs/racecheck.log"; pack
-  # d=128 beside SDPA-efficient (staggered, the default), then the first schedule pinned.
+  # d=128 beside SDPA-efficient (together, the default), then ping-pong pinned.
   stamp peers
   PYTHONUNBUFFERED=1 timeout 30 python3 bench/peers.py --cli "$F" --dtype f32 \
     --backends cuda_tf32x3 --peers efficient --head-dims 128 --seqlens 1024,4096,16384 \
-    --cli-repeats 5 --cli-warmup 1 --out "$logs" --tag _tf32x3_d128_staggered > "$logs/peers.txt" 2>&1
+    --cli-repeats 5 --cli-warmup 1 --out "$logs" --tag _tf32x3_d128_together > "$logs/peers.txt" 2>&1
   echo "peers rc=$?"; tail -n 10 "$logs/peers.txt"; pack
-  stamp between
-  FLASHTILE_TF32X3_SM90_SPLIT=between timeout 15 "$F" bench --sweep --dtype f32 --backends cuda_tf32x3 \
+  stamp pingpong
+  FLASHTILE_TF32X3_SM90_SCHEDULE=pingpong timeout 15 "$F" bench --sweep --dtype f32 --backends cuda_tf32x3 \
     --sweep-head-dims 128 --sweep-seqlens 1024,4096,16384 --sweep-causal 0,1 --repeats 5 --warmup 1 \
-    --output "$logs/d128_between.json" > "$logs/d128_between.txt" 2>&1
-  echo "between rc=$?"; grep "TFLOP" "$logs/d128_between.txt"
+    --output "$logs/d128_pingpong.json" > "$logs/d128_pingpong.txt" 2>&1
+  echo "pingpong rc=$?"; grep "TFLOP" "$logs/d128_pingpong.txt"
   stamp done; pack
   exit 0
 fi

@@ -2,9 +2,9 @@
 // fp32 rule (normwise relative error <= 1e-5), beside the mma.sync kernel on the same inputs
 // (FLASHTILE_TF32X3_PATH=mma): the field's shapes at d 64 and 128 (odd lengths, sq != sk,
 // causal, GQA/MQA, strides), every variant, varlen, N = 131072 on one head, bitwise
-// repeatability, and the selector's choice. d=128 runs both of its split schedules
-// (FLASHTILE_TF32X3_SM90_SPLIT: between, the default, and staggered), which must also agree
-// bitwise with each other (same products in the same order). The suite in
+// repeatability, and the selector's choice. d=128 runs both of its schedules
+// (FLASHTILE_TF32X3_SM90_SCHEDULE: together, the default, and pingpong), which must also
+// agree bitwise with each other (same products in the same order). The suite in
 // test_cuda_tf32x3.cpp runs the same backend (and so this path, on the default schedule,
 // wherever it is chosen). Every test skips without a capable
 // device; the wgmma assertions skip on devices other than compute capability 9.0.
@@ -57,16 +57,16 @@ bool wgmma_device() {
     if (!wgmma_device()) GTEST_SKIP() << "no sm_90a code or device 0 is not 9.0";    \
   } while (0)
 
-// The wgmma path's kernels: d=64's overlapped pipeline and d=128's two split schedules.
+// The wgmma path's kernels: d=64's overlapped pipeline and d=128's two schedules.
 struct Sm90Kernel {
   int64_t head_dim;
-  const char* split;  // FLASHTILE_TF32X3_SM90_SPLIT (nullptr: unset, the default)
+  const char* schedule;  // FLASHTILE_TF32X3_SM90_SCHEDULE (nullptr: unset, the default)
 };
-constexpr Sm90Kernel kSm90Kernels[] = {{64, nullptr}, {128, "staggered"}, {128, "between"}};
-constexpr const char* kSplitEnv = "FLASHTILE_TF32X3_SM90_SPLIT";
+constexpr Sm90Kernel kSm90Kernels[] = {{64, nullptr}, {128, "together"}, {128, "pingpong"}};
+constexpr const char* kScheduleEnv = "FLASHTILE_TF32X3_SM90_SCHEDULE";
 
 std::string describe(const Sm90Kernel& k) {
-  return "d=" + std::to_string(k.head_dim) + " split=" + (k.split ? k.split : "(default)");
+  return "d=" + std::to_string(k.head_dim) + " schedule=" + (k.schedule ? k.schedule : "(default)");
 }
 
 Shape shape_of(int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d) {
@@ -120,7 +120,7 @@ TEST(CudaTf32x3Sm90, FieldShapesMatchOracleOnBothKernels) {
   for (const Sm90Kernel& kernel : kSm90Kernels)
     for (const Lengths& len : lengths)
       for (bool causal : {false, true}) {
-        const ScopedEnv split(kSplitEnv, kernel.split);
+        const ScopedEnv schedule(kScheduleEnv, kernel.schedule);
         SCOPED_TRACE(describe(kernel));
         Shape s = shape_of(rotate % 2 == 0 ? 1 : 2, len.q, len.k, 4, rotate % 3 == 2 ? 1 : 2,
                            kernel.head_dim);
@@ -149,7 +149,7 @@ TEST(CudaTf32x3Sm90, VariantsMatchOracle) {
   for (const testing::Variant& f : testing::forward_variants())
     for (const testing::Lengths& len : lengths) {
       const Sm90Kernel& kernel = kSm90Kernels[rotate % 3];
-      const ScopedEnv split(kSplitEnv, kernel.split);
+      const ScopedEnv schedule(kScheduleEnv, kernel.schedule);
       Shape s = shape_of(2, len.q, len.k, 4, 2, kernel.head_dim);
       if (rotate % 5 == 2) s.heads_kv = 1;  // MQA
       ++rotate;
@@ -171,7 +171,7 @@ TEST(CudaTf32x3Sm90, VarlenMatchesOracle) {
   for (const testing::VarlenBatch& batch : testing::varlen_batches())
     for (const testing::Variant& v : testing::varlen_variants())
       for (const Sm90Kernel& kernel : kSm90Kernels) {
-        const ScopedEnv split(kSplitEnv, kernel.split);
+        const ScopedEnv schedule(kScheduleEnv, kernel.schedule);
         SCOPED_TRACE(describe(kernel));
         Shape s = testing::with_variant(shape_of(1, 0, 0, 4, 2, kernel.head_dim), v);
         s.varlen_q = batch.q, s.varlen_k = batch.k, s.seqused_k = batch.used;
@@ -187,7 +187,7 @@ TEST(CudaTf32x3Sm90, RunsRepeatBitwise) {
   SKIP_WITHOUT_WGMMA();
   const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
   for (const Sm90Kernel& kernel : kSm90Kernels) {
-    const ScopedEnv split(kSplitEnv, kernel.split);
+    const ScopedEnv schedule(kScheduleEnv, kernel.schedule);
     SCOPED_TRACE(describe(kernel));
     const int64_t d = kernel.head_dim;
     Shape s = shape_of(2, 700, 900, 4, 2, d);
@@ -250,10 +250,10 @@ TEST(CudaTf32x3Sm90, SelectorChoosesByCoverage) {
   }
 }
 
-// d=128's two split schedules run the same products in the same order on the same planes,
-// so their outputs and LSEs agree bitwise (and both match the oracle): odd lengths, sq != sk
+// d=128's two schedules run the same products in the same order on the same planes, so
+// their outputs and LSEs agree bitwise (and both match the oracle): odd lengths, sq != sk
 // both ways, causal, GQA and MQA, strides, a variant mix, and a varlen batch.
-TEST(CudaTf32x3Sm90, D128SplitSchedulesAgreeBitwise) {
+TEST(CudaTf32x3Sm90, D128SchedulesAgreeBitwise) {
   SKIP_WITHOUT_WGMMA();
   const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
   std::vector<Shape> shapes;
@@ -281,42 +281,42 @@ TEST(CudaTf32x3Sm90, D128SplitSchedulesAgreeBitwise) {
     AttentionCase c(s);
     DeviceCase d(c);
     {
-      const ScopedEnv split(kSplitEnv, "staggered");
+      const ScopedEnv schedule(kScheduleEnv, "pingpong");
       if (!s.is_varlen()) ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);  // (dense calls)
       d.run(c, kTf32x3);
-      EXPECT_TRUE(testing::matches_oracle(c)) << "staggered";
+      EXPECT_TRUE(testing::matches_oracle(c)) << "pingpong";
     }
-    const testing::HostBytes staggered_out = c.out.bytes;
-    const std::vector<float> staggered_lse = c.lse;
+    const testing::HostBytes pingpong_out = c.out.bytes;
+    const std::vector<float> pingpong_lse = c.lse;
     {
-      const ScopedEnv split(kSplitEnv, "between");
+      const ScopedEnv schedule(kScheduleEnv, "together");
       d.poison();
       d.run(c, kTf32x3);
-      EXPECT_TRUE(testing::matches_oracle(c)) << "between";
+      EXPECT_TRUE(testing::matches_oracle(c)) << "together";
     }
-    EXPECT_EQ(c.out.bytes, staggered_out) << "outputs differ between the schedules";
-    EXPECT_EQ(std::memcmp(c.lse.data(), staggered_lse.data(), c.lse.size() * sizeof(float)), 0)
+    EXPECT_EQ(c.out.bytes, pingpong_out) << "outputs differ between the schedules";
+    EXPECT_EQ(std::memcmp(c.lse.data(), pingpong_lse.data(), c.lse.size() * sizeof(float)), 0)
         << "LSEs differ between the schedules";
   }
 }
 
-// A FLASHTILE_TF32X3_SM90_SPLIT that names no schedule is refused by name, with the values
+// A FLASHTILE_TF32X3_SM90_SCHEDULE that names no schedule is refused by name, with the values
 // it takes and the one given, before anything is written.
-TEST(CudaTf32x3Sm90, UnknownSplitScheduleIsRefusedAndWritesNothing) {
+TEST(CudaTf32x3Sm90, UnknownScheduleIsRefusedAndWritesNothing) {
   SKIP_WITHOUT_WGMMA();
   const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
   for (int64_t head_dim : {64, 128}) {
     AttentionCase c(shape_of(1, 200, 200, 2, 2, head_dim));
     DeviceCase d(c);
     ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);
-    const ScopedEnv bad(kSplitEnv, "sideways");
+    const ScopedEnv bad(kScheduleEnv, "sideways");
     try {
       d.run(c, kTf32x3);
-      ADD_FAILURE() << "no error for FLASHTILE_TF32X3_SM90_SPLIT=sideways at d=" << head_dim;
+      ADD_FAILURE() << "no error for FLASHTILE_TF32X3_SM90_SCHEDULE=sideways at d=" << head_dim;
     } catch (const Error& e) {
       const std::string what = e.what();
-      EXPECT_NE(what.find("FLASHTILE_TF32X3_SM90_SPLIT"), std::string::npos) << what;
-      EXPECT_NE(what.find("\"staggered\" or \"between\""), std::string::npos) << what;
+      EXPECT_NE(what.find("FLASHTILE_TF32X3_SM90_SCHEDULE"), std::string::npos) << what;
+      EXPECT_NE(what.find("\"pingpong\" or \"together\""), std::string::npos) << what;
       EXPECT_NE(what.find("sideways"), std::string::npos) << what;
     }
     d.copy_back(c);

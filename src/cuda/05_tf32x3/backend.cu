@@ -10,9 +10,8 @@
 //                              the fp32 rule and is never the default); "split" = 3xTF32
 //   FLASHTILE_TF32X3_PATH=mma     the mma.sync kernel even where the wgmma one (step 2c,
 //                              sm_90a) would serve; "auto" (default) picks per call
-//   FLASHTILE_TF32X3_SM90_SPLIT=staggered  the wgmma path's d=128 split under the tensor
-//                              work (measured slower, opt-in) instead of "between" two
-//                              barriers, the default (sm90.hpp)
+//   FLASHTILE_TF32X3_SM90_SCHEDULE=pingpong|together  the order of the wgmma path's two
+//                              warpgroups at d=128 (sm90.hpp)
 #include <climits>
 #include <cstdint>
 #include <cstdlib>

@@ -15,26 +15,27 @@ namespace flashtile::detail::tf32x3 {
 // The head dims the wgmma path has kernels for (exactly these; others run on mma.sync).
 inline constexpr int kSm90HeadDims[] = {64, 128};
 
-// How the d=128 kernel (one set of K/Vᵀ planes) splits each K/V tile, set by
-// FLASHTILE_TF32X3_SM90_SPLIT (read per call, whenever the wgmma path runs; d=64 has two
-// plane sets and one pipeline, the overlapped one, whatever it says):
-//   "between" (default)    K and V split by every thread between two barriers, the tensor
-//                          cores idle (tf32x3_sm90_forward_kernel, step 2c's first version)
-//   "staggered"            V(j) split under S(j), K(j+1) under P·V(j)
-//                          (tf32x3_sm90_staggered_kernel)
-// Measured (H200, fp32 field grid, d=128, seqlen 1k/4k/16k, one call; docs/JOURNEY.md step
-// 2c.2): staggered 58.9/61.5/62.2 TFLOP/s full and 48.0/56.4/62.6 causal against between's
-// 60.5/63.1/63.9 and 50.0/58.5/63.9, 1-4% slower, so it is opt-in.
-enum class Tf32Sm90Split { between, staggered };
+// How the d=128 kernel (one set of K/Vᵀ planes, split between two barriers) orders its two
+// consumer warpgroups' wgmma, set by FLASHTILE_TF32X3_SM90_SCHEDULE (read per call whenever
+// the wgmma path runs; d=64's overlapped pipeline ignores it):
+//   "together" (default)  both issue S at once, so both softmaxes run with the tensor
+//                         cores idle (step 2c's first kernel)
+//   "pingpong"            warpgroup 1 issues S after warpgroup 0, so each softmax runs
+//                         under the other warpgroup's wgmma (step 2c.4)
+// Measured (H200, fp32 field grid, d=128, one call; docs/JOURNEY.md step 2c.4): pingpong
+// 63.4/66.5/67.3 TFLOP/s full 1k/4k/16k and 51.4 causal 1k against together's
+// 60.5/63.0/63.8 and 50.0, +3-6%, outputs bitwise equal; opt-in while a racecheck report on
+// the test that runs both schedules (3 hazards, staging cp.async against split_kv) is open.
+enum class Tf32Sm90Schedule { together, pingpong };
 
-inline Tf32Sm90Split tf32x3_sm90_split_from_environment() {
-  const char* value = std::getenv("FLASHTILE_TF32X3_SM90_SPLIT");
-  if (value == nullptr || *value == '\0' || std::string(value) == "between")
-    return Tf32Sm90Split::between;
-  if (std::string(value) == "staggered") return Tf32Sm90Split::staggered;
+inline Tf32Sm90Schedule tf32x3_sm90_schedule_from_environment() {
+  const char* value = std::getenv("FLASHTILE_TF32X3_SM90_SCHEDULE");
+  if (value == nullptr || *value == '\0' || std::string(value) == "together")
+    return Tf32Sm90Schedule::together;
+  if (std::string(value) == "pingpong") return Tf32Sm90Schedule::pingpong;
   throw Error(ErrorKind::invalid_argument,
-              std::string("FLASHTILE_TF32X3_SM90_SPLIT must be \"staggered\" or \"between\"; "
-                          "got \"") +
+              std::string("FLASHTILE_TF32X3_SM90_SCHEDULE must be \"pingpong\" or "
+                          "\"together\"; got \"") +
                   value + "\"");
 }
 

@@ -24,12 +24,11 @@
 //
 // The CTA: kWarpgroups consumer warpgroups of 64 query rows each, no producer warpgroup
 // (every thread loads and splits), each wgmma group waited for before its result is used.
-// Three pipelines (Tf32Sm90Config::kOverlapSplit; at d=128 FLASHTILE_TF32X3_SM90_SPLIT):
-//  - tf32x3_sm90_forward_kernel (d=128, "between": a second plane set does not fit): one
-//    set of planes; per tile every thread splits K and V (a CTA-wide transpose) between two
-//    __syncthreads, with the tensor cores idle.
-//  - tf32x3_sm90_staggered_kernel (d=128, "staggered", the default): one set of planes,
-//    V(j) split under S(j) and K(j + 1) under P·V(j), each thread its own chunks.
+// Two pipelines (Tf32Sm90Config::kOverlapSplit):
+//  - tf32x3_sm90_forward_kernel (d=128: a second plane set does not fit): one set of
+//    planes; per tile every thread splits K and V (a CTA-wide transpose) between two
+//    __syncthreads, with the tensor cores idle; the two warpgroups' wgmma either together
+//    or in ping-pong order (FLASHTILE_TF32X3_SM90_SCHEDULE).
 //  - tf32x3_sm90_overlap_kernel (d=64): two sets; each thread stages and splits only its own
 //    chunks (V as a 4x4 block it transposes itself), so tile j + 1 is split into the other
 //    set while S(j)'s wgmma run, and one __syncthreads per tile remains.
@@ -62,6 +61,7 @@
 #include "cuda/05_tf32x3/sm90.hpp"
 #include "cuda/common.cuh"
 #include "cuda/mma_fragment.cuh"
+#include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tf32.cuh"
 #include "cuda/ptx/wgmma.cuh"
 
@@ -109,8 +109,7 @@ struct Tf32Sm90Config {
 //  d=64 : 128 query rows, 64-key tiles, two plane sets (the overlapped pipeline): 64 KB of
 //         Q planes + 2 x 64 KB of K/Vᵀ planes + 32 KB of staging = 225 KB.
 //  d=128: 128 query rows, 32-key tiles, one set: 128 + 64 + 32 = 225 KB (a second set
-//         does not fit; the staggered pipeline splits each half of it under the wgmma that
-//         do not read it). One CTA (8 warps) per SM either way.
+//         does not fit). One CTA (8 warps) per SM either way.
 template <int kHeadDim>
 struct Tf32Sm90Traits;
 template <>
@@ -195,8 +194,8 @@ __device__ __forceinline__ void split_q(const Tf32Sm90Smem<Cfg>& sm) {
 
 // The staged raw K rows (load_tile's layout, row-major, pitch d) of a tile into set `set`'s
 // K planes: chunk c of key row r to swizzled_offset<kBlockN>(r, c). Each thread splits the
-// very chunks load_tile gave it (every pipeline; the staggered and overlapped ones rely on
-// it to reload the staging without a barrier).
+// very chunks load_tile gave it (the overlapped pipeline relies on it to reload the staging
+// without a barrier).
 template <class Cfg>
 __device__ __forceinline__ void split_own_k(const Tf32Sm90Smem<Cfg>& sm, int set) {
   constexpr int kD = Cfg::kHeadDim;
@@ -242,20 +241,6 @@ __device__ __forceinline__ void fence_accumulator(float (&r)[kRegs]) {
 #pragma unroll
   for (int i = 0; i < kRegs; ++i) ptx::fence_register(r[i]);
 }
-
-// A operands of in-flight wgmma (rs): kept live, unmodified, up to this point.
-template <int kSteps>
-__device__ __forceinline__ void fence_operands(uint32_t (&a)[kSteps][4]) {
-#pragma unroll
-  for (int k = 0; k < kSteps; ++k)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) ptx::fence_register(a[k][e]);
-}
-
-// accumulate_pv's default: nothing between P·V's issue and its wait.
-struct NothingUnderPv {
-  __device__ __forceinline__ void operator()() const {}
-};
 
 // An accumulator of m64nNk8 (N/2 registers) seen as this warp's mma.sync-shaped tiles
 // [1][N/8][4] (the same registers: ptx/wgmma.cuh's layout), for mma_fragment.cuh.
@@ -356,11 +341,7 @@ struct Tf32Sm90Consumer {
   // (Vᵀ's column order): A = (P[g][2t], P[g+8][2t], P[g][2t+1], P[g+8][2t+1]) = S tile kk's
   // registers 0, 2, 1, 3. The tile's three products are summed on the tensor cores in pv
   // (corrections first) and added to O in fp32 round-to-nearest.
-  // `under` runs while the P·V wgmma are in flight (the staggered pipeline splits the next
-  // K tile there); P's split registers stay live until the wait, so nothing reuses them.
-  template <class UnderPv = NothingUnderPv>
-  __device__ __forceinline__ void accumulate_pv(uint32_t vt_big, uint32_t vt_small,
-                                                UnderPv&& under = {}) {
+  __device__ __forceinline__ void accumulate_pv(uint32_t vt_big, uint32_t vt_small) {
     float(&st)[1][kNTiles][4] = as_mma_tiles<kNTiles>(s);
     uint32_t pa_big[Cfg::kPVSteps][4], pa_small[Cfg::kPVSteps][4];
 #pragma unroll
@@ -379,13 +360,8 @@ struct Tf32Sm90Consumer {
     for (int kk = 0; kk < Cfg::kPVSteps; ++kk)
       MmaPV::rs(pv, pa_big[kk], sm90::k_major_descriptor<kD>(vt_big, 0, kk), true);
     ptx::wgmma_commit();
-    under();
     ptx::wgmma_wait<0>();
     fence_accumulator(pv);
-    if constexpr (!std::is_same_v<std::decay_t<UnderPv>, NothingUnderPv>) {
-      fence_operands(pa_big);
-      fence_operands(pa_small);
-    }
 #pragma unroll
     for (int r = 0; r < kORegs; ++r) o[r] += pv[r];
   }
@@ -455,13 +431,22 @@ struct Tf32Sm90Work {
   }
 };
 
+// Named barrier of the ping-pong schedule: warpgroup 0 arrives once its S wgmma are issued,
+// warpgroup 1 waits on it before issuing its own (0 is __syncthreads).
+inline constexpr int kFirstScoresIssuedBarrier = 1;
+
 // The first pipeline (d=128): one set of planes; per tile every thread splits K and
 // (transposing) V between two __syncthreads, with the tensor cores idle, and the next
-// tile's raw rows load while this one computes.
-template <class Cfg, class Logits>
+// tile's raw rows load while this one computes. kPingPong orders the two warpgroups'
+// S wgmma (warpgroup 0's first, step 2c.4): warpgroup 0's S completes in half the time of
+// both at once, so its softmax runs under warpgroup 1's S and warpgroup 1's under
+// warpgroup 0's P·V, instead of both softmaxes with the tensor cores idle. Same products
+// in the same order, so both schedules write the same bits.
+template <class Cfg, class Logits, bool kPingPong>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     tf32x3_sm90_forward_kernel(const AttentionParams p) {
   static_assert(!Cfg::kOverlapSplit, "the overlapped pipeline is tf32x3_sm90_overlap_kernel");
+  static_assert(!kPingPong || Cfg::kWarpgroups == 2, "ping-pong orders two consumer warpgroups");
   constexpr int kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const Tf32Sm90Smem<Cfg> sm(smem_raw);
@@ -499,7 +484,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::fence_proxy_async_shared();  // the planes (and Q's, once) are read by wgmma next
     __syncthreads();                  // planes written; the staging area is free
     issue_tile(tile + 1);
-    consumer.issue_scores(sm.q_big, sm.q_small, sm.k_big(0), sm.k_small(0));
+    if constexpr (kPingPong) {  // (the __syncthreads above keep one hand-over per tile)
+      const bool first = threadIdx.x < sm90::kWarpgroupThreads;
+      if (!first) ptx::named_barrier_sync(kFirstScoresIssuedBarrier, Cfg::kThreads);
+      consumer.issue_scores(sm.q_big, sm.q_small, sm.k_big(0), sm.k_small(0));
+      if (first) ptx::named_barrier_arrive(kFirstScoresIssuedBarrier, Cfg::kThreads);
+    } else {
+      consumer.issue_scores(sm.q_big, sm.q_small, sm.k_big(0), sm.k_small(0));
+    }
     consumer.softmax(work.mask, work.blocks, logits, work.row_start, work.last_row,
                      work.key_block(tile));
     consumer.accumulate_pv(sm.vt_big(0), sm.vt_small(0));
@@ -508,10 +500,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   consumer.store(p, seq, work.mask, work.b, work.h, work.row_start);
 }
 
-// V rows of a tile into the staging area as 4x4 blocks (the overlapped and staggered
-// pipelines): thread i takes Vᵀ chunk cc = i % (kBlockN / 4) (keys 8·(cc / 2) + cc % 2 +
-// {0, 2, 4, 6}, the column order of Vᵀ) of dims 4c .. 4c + 3, c = i / (kBlockN / 4); key j
-// of its block is float4 j·kThreads + i of the staging area, so that a warp's loads and
+// V rows of a tile into the staging area as 4x4 blocks (the overlapped pipeline): thread i
+// takes Vᵀ chunk cc = i % (kBlockN / 4) (keys 8·(cc / 2) + cc % 2 + {0, 2, 4, 6}, the
+// column order of Vᵀ) of dims 4c .. 4c + 3, c = i / (kBlockN / 4); key j of its block is float4 j·kThreads + i of the staging area, so that a warp's loads and
 // stores of it are conflict-free and the thread transposes its own block (no barrier before
 // the split).
 template <class Cfg>
@@ -531,10 +522,9 @@ __device__ __forceinline__ void load_v_blocks(float* v_raw, const float* src, in
   }
 }
 
-// The split of a tile's V, each thread its own staged chunks (the overlapped and the
-// staggered pipelines): its 4x4 block (load_v_blocks) transposed into four Vᵀ chunks
-// (rows 4c .. 4c + 3, chunk cc; a quarter-warp's stores fill one 128-byte row) of set
-// `set`'s Vᵀ planes.
+// The split of a tile's V, each thread its own staged chunks (the overlapped pipeline): its
+// 4x4 block (load_v_blocks) transposed into four Vᵀ chunks (rows 4c .. 4c + 3, chunk cc; a
+// quarter-warp's stores fill one 128-byte row) of set `set`'s Vᵀ planes.
 template <class Cfg>
 __device__ __forceinline__ void split_own_v(const Tf32Sm90Smem<Cfg>& sm, int set) {
   constexpr int kD = Cfg::kHeadDim;
@@ -621,85 +611,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   consumer.store(p, seq, work.mask, work.b, work.h, work.row_start);
 }
 
-// The staggered pipeline (d=128, one set of planes; the default there): each half of the
-// set is split while the tensor cores read the other. V(j) goes into the Vᵀ planes under
-// S(j) (which reads Q and K), K(j + 1) into the K planes under P·V(j) (which reads Vᵀ and
-// registers); of the two __syncthreads per tile, the first publishes Vᵀ(j) and frees K once
-// every S(j) has been waited for, the second publishes K(j + 1) and frees Vᵀ once every
-// P·V(j) has. Staging as the overlapped pipeline's (each thread splits and reloads only
-// its own chunks), so no barrier guards it; K and V land in cp.async groups of their own,
-// committed alternately (one group per thread and half-tile, empty past the last tile), so
-// that waiting for all but the newest always means the half about to be split.
-template <class Cfg, class Logits>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
-    tf32x3_sm90_staggered_kernel(const AttentionParams p) {
-  static_assert(!Cfg::kOverlapSplit, "the staggered pipeline runs on one set of planes");
-  constexpr int kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  const Tf32Sm90Smem<Cfg> sm(smem_raw);
-  const Tf32Sm90Work work(p, Cfg::kBlockM, kBlockN);
-  if (work.idle()) return;
-  const int n_tiles = work.blocks.count();
-  const SeqlenInfo<int>& seq = work.seq;
-  const float* k_head = work.k_head(p);
-  const float* v_head = work.v_head(p);
-  const int head_dim = static_cast<int>(p.head_dim);
-
-  work.load_q<Cfg>(p, sm.q_big);
-  // Raw K (or V) rows of tile `tile` into this thread's staging chunks (zero past the end);
-  // one commit either way.
-  auto issue_k = [&](int tile) {
-    if (tile < n_tiles) {
-      const int n0 = work.key_block(tile) * kBlockN;
-      load_tile<Cfg, kBlockN, kD, true>(sm.k_raw_ptr, k_head + n0 * p.k_row_stride,
-                                        p.k_row_stride, seq.seqlen_k - n0, head_dim);
-    }
-    ptx::cp_async_commit();
-  };
-  auto issue_v = [&](int tile) {
-    if (tile < n_tiles) {
-      const int n0 = work.key_block(tile) * kBlockN;
-      load_v_blocks<Cfg>(sm.v_raw_ptr, v_head + n0 * p.v_row_stride, p.v_row_stride,
-                         seq.seqlen_k - n0);
-    }
-    ptx::cp_async_commit();
-  };
-  issue_k(0);  // (one group with Q)
-  issue_v(0);
-  ptx::cp_async_wait<0>();  // Q, K(0) and V(0), this thread's chunks
-  split_q<Cfg>(sm);
-  if (n_tiles > 0) split_own_k<Cfg>(sm, 0);
-  issue_k(1);  // into the chunks this thread has just split
-  ptx::fence_proxy_async_shared();
-  __syncthreads();
-
-  const LogitsTransform<float> logits = logits_transform<float>(p, work.b, work.h);
-  Tf32Sm90Consumer<Cfg, Logits> consumer;
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    consumer.issue_scores(sm.q_big, sm.q_small, sm.k_big(0), sm.k_small(0));
-    // Under S(tile): V(tile) into the Vᵀ planes (no P·V reads them: every P·V(tile - 1)
-    // was waited for before the last barrier). The newest group is K(tile + 1).
-    ptx::cp_async_wait<1>();
-    split_own_v<Cfg>(sm, 0);
-    issue_v(tile + 1);
-    ptx::fence_proxy_async_shared();
-    consumer.softmax(work.mask, work.blocks, logits, work.row_start, work.last_row,
-                     work.key_block(tile));
-    __syncthreads();  // Vᵀ(tile) complete; every S(tile) done, so the K planes are free
-    consumer.accumulate_pv(sm.vt_big(0), sm.vt_small(0), [&] {
-      if (tile + 1 < n_tiles) {  // under P·V(tile): K(tile + 1); the newest is V(tile + 1)
-        ptx::cp_async_wait<1>();
-        split_own_k<Cfg>(sm, 0);
-        issue_k(tile + 2);
-        ptx::fence_proxy_async_shared();
-      }
-    });
-    __syncthreads();  // K(tile + 1) complete; every P·V(tile) done, so Vᵀ is free
-  }
-  ptx::cp_async_wait<0>();  // only empty groups remain (or Q's, when no tile ran)
-  consumer.store(p, seq, work.mask, work.b, work.h, work.row_start);
-}
-
 // One kernel's launch: its shared memory raised once per device, one CTA per query block
 // of each (head, batch).
 template <class Cfg, auto kKernel>
@@ -714,22 +625,22 @@ void launch_tf32x3_sm90(const AttentionParams& p, cudaStream_t stream, const cha
 }
 
 // One head dim's kernels (instantiated in sm90_hdim<D>.cu): one per LogitsFlags and, with
-// one set of planes (d=128), per split schedule (FLASHTILE_TF32X3_SM90_SPLIT, sm90.hpp).
+// one set of planes (d=128), per schedule (FLASHTILE_TF32X3_SM90_SCHEDULE, sm90.hpp).
 template <int kHeadDim>
 void run_tf32x3_sm90_forward(const AttentionParams& p, cudaStream_t stream) {
   using Cfg = Tf32Sm90Traits<kHeadDim>;
-  const Tf32Sm90Split split = tf32x3_sm90_split_from_environment();
+  const Tf32Sm90Schedule schedule = tf32x3_sm90_schedule_from_environment();
   with_logits_flags(p, [&](auto flags) {
     using Logits = decltype(flags);
     if constexpr (Cfg::kOverlapSplit) {
-      (void)split;  // two plane sets: the overlapped pipeline, whatever the setting
+      (void)schedule;  // two plane sets: the overlapped pipeline, whatever the setting
       launch_tf32x3_sm90<Cfg, &tf32x3_sm90_overlap_kernel<Cfg, Logits>>(
           p, stream, "tf32x3_sm90_overlap_kernel");
-    } else if (split == Tf32Sm90Split::staggered) {
-      launch_tf32x3_sm90<Cfg, &tf32x3_sm90_staggered_kernel<Cfg, Logits>>(
-          p, stream, "tf32x3_sm90_staggered_kernel");
+    } else if (schedule == Tf32Sm90Schedule::pingpong) {
+      launch_tf32x3_sm90<Cfg, &tf32x3_sm90_forward_kernel<Cfg, Logits, true>>(
+          p, stream, "tf32x3_sm90_forward_kernel<pingpong>");
     } else {
-      launch_tf32x3_sm90<Cfg, &tf32x3_sm90_forward_kernel<Cfg, Logits>>(
+      launch_tf32x3_sm90<Cfg, &tf32x3_sm90_forward_kernel<Cfg, Logits, false>>(
           p, stream, "tf32x3_sm90_forward_kernel");
     }
   });
