@@ -2,7 +2,9 @@
 // with the fp32 rule (normwise relative error <= 1e-5): the backend grid, every variant and
 // their combinations, packed varlen batches, head dims 1 to 128, unaligned rows, the split-KV
 // path forced on and off (bitwise deterministic in both), N = 131072 on one head, the NaN/Inf
-// rule, the selector's choice and the refusals. Every test skips without a capable device.
+// rule, the selector's choice and the refusals. Split calls at d 64/128 run the wgmma kernel
+// on sm_90a (2c.3); the split tests also run them with FLASHTILE_TF32X3_PATH=unsplit (split
+// calls on the mma.sync kernel). Every test skips without a capable device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -184,8 +186,10 @@ TEST(CudaTf32x3, SplitKvOnAndOffAreDeterministic) {
   SKIP_WITHOUT_TF32X3();
   Shape s = shape_of(2, 257, 700, 4, 2, 64);
   s.window = {300, 20}, s.softcap = 20.0f, s.alibi = true, s.sinks = true;
+  for (const char* path : {"auto", "unsplit"})
   for (const char* splits : {"1", "2", "5", "16"}) {
-    SCOPED_TRACE(std::string("splits ") + splits);
+    SCOPED_TRACE(std::string("path ") + path + " splits " + splits);
+    const ScopedEnv kernel_path("FLASHTILE_TF32X3_PATH", path);
     const ScopedEnv pinned = pin_splits(splits);
     AttentionCase c(s);
     DeviceCase d(c);
@@ -210,12 +214,16 @@ TEST(CudaTf32x3, WriteUpCaseSplitsOnItsOwn) {
   SKIP_WITHOUT_TF32X3();
   const ScopedEnv unpinned = pin_splits(nullptr);
   Shape s = shape_of(1, 1024, 1024, 1, 1, 64);
-  AttentionCase c(s);
-  DeviceCase d(c);
-  EXPECT_GT(plan(d.q.view, d.k.view, d.v.view, d.out.view, d.options(c, kTf32x3)).workspace_bytes,
-            0);
-  d.run(c, kTf32x3);
-  EXPECT_TRUE(testing::matches_oracle(c));
+  for (const char* path : {"auto", "unsplit"}) {  // the wgmma kernel's split, mma.sync's
+    SCOPED_TRACE(std::string("path ") + path);
+    const ScopedEnv kernel_path("FLASHTILE_TF32X3_PATH", path);
+    AttentionCase c(s);
+    DeviceCase d(c);
+    EXPECT_GT(plan(d.q.view, d.k.view, d.v.view, d.out.view, d.options(c, kTf32x3)).workspace_bytes,
+              0);
+    d.run(c, kTf32x3);
+    EXPECT_TRUE(testing::matches_oracle(c));
+  }
   // A full batch fills the chip: no split, no workspace.
   Shape big = shape_of(16, 1024, 1024, 16, 16, 64);
   AttentionCase cb(big);

@@ -2,7 +2,8 @@
 // fp32 rule (normwise relative error <= 1e-5), beside the mma.sync kernel on the same inputs
 // (FLASHTILE_TF32X3_PATH=mma): the field's shapes at d 64 and 128 (odd lengths, sq != sk,
 // causal, GQA/MQA, strides), every variant, varlen, N = 131072 on one head, bitwise
-// repeatability, and the selector's choice. d=128 runs both of its schedules
+// repeatability, split calls (the combine after the wgmma kernel's partials, 2c.3), and the
+// selector's choice. d=128 runs both of its schedules
 // (FLASHTILE_TF32X3_SM90_SCHEDULE: together, the default, and pingpong), which must also
 // agree bitwise with each other (same products in the same order). The suite in
 // test_cuda_tf32x3.cpp runs the same backend (and so this path, on the default schedule,
@@ -230,11 +231,25 @@ TEST(CudaTf32x3Sm90, SelectorChoosesByCoverage) {
   // Head dims without a wgmma kernel.
   EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 96)), Tf32x3Kernel::mma_sync);
   EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 32)), Tf32x3Kernel::mma_sync);
-  // The write-up's case splits its keys: the mma.sync kernel and its combine.
-  EXPECT_EQ(choice(shape_of(1, 1024, 1024, 1, 1, 64)), Tf32x3Kernel::mma_sync);
+  // The write-up's case splits its keys, on the wgmma kernel (2c.3): 8 query blocks of 128
+  // rows, 16 splits of one 64-key tile; pinned to unsplit calls only, the mma.sync kernel.
+  EXPECT_EQ(choice(shape_of(1, 1024, 1024, 1, 1, 64)), Tf32x3Kernel::wgmma);
+  {
+    AttentionCase c(shape_of(1, 1024, 1024, 1, 1, 64));
+    DeviceCase d(c);
+    const Options o = d.options(c, kTf32x3);
+    EXPECT_EQ(detail::tf32x3_splits_for(
+                  detail::validate({d.q.view, d.k.view, d.v.view, &d.out.view, nullptr, o})),
+              16);
+  }
+  {
+    const ScopedEnv unsplit_only("FLASHTILE_TF32X3_PATH", "unsplit");
+    EXPECT_EQ(choice(shape_of(1, 1024, 1024, 1, 1, 64)), Tf32x3Kernel::mma_sync);
+    EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Tf32x3Kernel::wgmma);
+  }
   {
     const ScopedEnv split("FLASHTILE_TF32X3_SPLITS", "3");
-    EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Tf32x3Kernel::mma_sync);
+    EXPECT_EQ(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Tf32x3Kernel::wgmma);
   }
   {
     const ScopedEnv single("FLASHTILE_TF32X3_MODE", "single");
@@ -248,6 +263,112 @@ TEST(CudaTf32x3Sm90, SelectorChoosesByCoverage) {
     const ScopedEnv bad("FLASHTILE_TF32X3_PATH", "tensor");
     EXPECT_THROW(choice(shape_of(4, 4096, 4096, 32, 32, 64)), Error);
   }
+}
+
+// Split calls on the wgmma path (2c.3; FLASHTILE_TF32X3_SPLITS pins the count): each split's
+// partial goes to the split-KV combine. Odd lengths (splits with one tile, empty splits when
+// a block sees fewer key tiles than splits), sq != sk both ways, causal, GQA/MQA, strides,
+// at d 64 and 128 (both schedules).
+TEST(CudaTf32x3Sm90, SplitCallsMatchOracle) {
+  SKIP_WITHOUT_WGMMA();
+  const std::vector<testing::Lengths> lengths = {{1, 1},     {63, 200}, {129, 129}, {300, 77},
+                                                 {513, 700}, {700, 513}, {2, 1500}, {1024, 1024}};
+  const char* const split_counts[] = {"2", "3", "5", "16"};
+  int rotate = 0;
+  for (const Sm90Kernel& kernel : kSm90Kernels)
+    for (const testing::Lengths& len : lengths)
+      for (bool causal : {false, true}) {
+        const char* split_count = split_counts[rotate % 4];
+        const ScopedEnv splits("FLASHTILE_TF32X3_SPLITS", split_count);
+        const ScopedEnv schedule(kScheduleEnv, kernel.schedule);
+        Shape s = shape_of(rotate % 2 == 0 ? 1 : 2, len.q, len.k, 4, rotate % 3 == 2 ? 1 : 2,
+                           kernel.head_dim);
+        s.causal = causal;
+        s.strided = rotate % 4 == 1;
+        ++rotate;
+        SCOPED_TRACE(describe(kernel) + " splits=" + split_count);
+        SCOPED_TRACE(s.describe());
+        AttentionCase c(s);
+        DeviceCase d(c);
+        if (!s.strided) EXPECT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);
+        d.run(c, kTf32x3);
+        EXPECT_TRUE(testing::matches_oracle(c));
+      }
+}
+
+// Every variant, and packed varlen batches, split on the wgmma path: the NaN rule and the
+// sink are applied once by the combine, never by a partial.
+TEST(CudaTf32x3Sm90, SplitVariantsAndVarlenMatchOracle) {
+  SKIP_WITHOUT_WGMMA();
+  const ScopedEnv splits("FLASHTILE_TF32X3_SPLITS", "4");
+  int rotate = 0;
+  for (const testing::Variant& f : testing::forward_variants())
+    for (const testing::Lengths& len : testing::variant_lengths(/*large=*/false)) {
+      const Sm90Kernel& kernel = kSm90Kernels[rotate % 3];
+      const ScopedEnv schedule(kScheduleEnv, kernel.schedule);
+      Shape s = shape_of(2, len.q, len.k, 4, rotate % 5 == 2 ? 1 : 2, kernel.head_dim);
+      ++rotate;
+      s = testing::with_variant(s, f);
+      SCOPED_TRACE(describe(kernel));
+      AttentionCase c(s);
+      DeviceCase d(c);
+      EXPECT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma) << s.describe();
+      d.run(c, kTf32x3);
+      EXPECT_TRUE(testing::matches_oracle(c)) << s.describe();
+    }
+  for (const testing::VarlenBatch& batch : testing::varlen_batches())
+    for (const testing::Variant& v : testing::varlen_variants())
+      for (const Sm90Kernel& kernel : kSm90Kernels) {
+        const ScopedEnv schedule(kScheduleEnv, kernel.schedule);
+        SCOPED_TRACE(describe(kernel));
+        Shape s = testing::with_variant(shape_of(1, 0, 0, 4, 2, kernel.head_dim), v);
+        s.varlen_q = batch.q, s.varlen_k = batch.k, s.seqused_k = batch.used;
+        AttentionCase c(s);
+        DeviceCase d(c);
+        d.run(c, kTf32x3);
+        EXPECT_TRUE(testing::matches_oracle(c)) << s.describe();
+      }
+}
+
+// The write-up's case as the selector plans it (16 splits on the wgmma path), and a split
+// call with variants, repeat bitwise: partials and the combine have a fixed order.
+TEST(CudaTf32x3Sm90, SplitCallsRepeatBitwise) {
+  SKIP_WITHOUT_WGMMA();
+  {
+    const ScopedEnv unpinned("FLASHTILE_TF32X3_SPLITS", nullptr);
+    AttentionCase c(shape_of(1, 1024, 1024, 1, 1, 64));
+    DeviceCase d(c);
+    ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);
+    d.run(c, kTf32x3);
+    EXPECT_TRUE(testing::matches_oracle(c));
+    ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, d, kTf32x3, small_grid() ? 3 : 20));
+  }
+  const ScopedEnv splits("FLASHTILE_TF32X3_SPLITS", "5");
+  for (const Sm90Kernel& kernel : kSm90Kernels) {
+    const ScopedEnv schedule(kScheduleEnv, kernel.schedule);
+    SCOPED_TRACE(describe(kernel));
+    Shape s = shape_of(2, 300, 900, 4, 2, kernel.head_dim);
+    s.causal = true, s.softcap = 20.0f, s.sinks = true;
+    AttentionCase c(s);
+    DeviceCase d(c);
+    ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);
+    d.run(c, kTf32x3);
+    EXPECT_TRUE(testing::matches_oracle(c));
+    ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, d, kTf32x3, small_grid() ? 3 : 10));
+  }
+}
+
+// N = 131072 on one head with its keys split in two on the wgmma path (the selector itself
+// does not split it: 1024 query blocks fill the chip), sampled rows against the oracle.
+TEST(CudaTf32x3Sm90, LongSequenceSplitOnOneHead) {
+  SKIP_WITHOUT_WGMMA();
+  if (small_grid()) GTEST_SKIP() << "too long under compute-sanitizer";
+  const ScopedEnv splits("FLASHTILE_TF32X3_SPLITS", "2");
+  AttentionCase c(shape_of(1, 131072, 131072, 1, 1, 64));
+  DeviceCase d(c);
+  ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);
+  d.run(c, kTf32x3);
+  testing::expect_rows_match_oracle(c, {0, 77777, 131071});
 }
 
 // d=128's two schedules run the same products in the same order on the same planes, so

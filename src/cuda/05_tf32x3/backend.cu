@@ -9,7 +9,10 @@
 //   FLASHTILE_TF32X3_MODE=single  plain TF32 (one product, ~1e-3 relative error: it fails
 //                              the fp32 rule and is never the default); "split" = 3xTF32
 //   FLASHTILE_TF32X3_PATH=mma     the mma.sync kernel even where the wgmma one (step 2c,
-//                              sm_90a) would serve; "auto" (default) picks per call
+//                              sm_90a) would serve; "unsplit" the wgmma kernel only for
+//                              calls it runs without a key split (the sixth session's
+//                              choice, split calls on mma.sync); "auto" (default): the
+//                              wgmma kernel for every call it covers, split or not (2c.3)
 //   FLASHTILE_TF32X3_SM90_SCHEDULE=pingpong|together  the order of the wgmma path's two
 //                              warpgroups at d=128 (sm90.hpp)
 #include <climits>
@@ -125,11 +128,13 @@ struct SplitPlan {
   }
 };
 
-// Splits when the (query block, head, batch) tiles cannot fill the SMs (CTAs that fit at
-// once: SMs x CTAs per SM), as choose_splits decides for cpu_flash's threads.
-SplitPlan split_plan(const AttentionParams& p) {
+// Splits when the (query block, head, batch) tiles of the kernel with geometry `geo` cannot
+// fill the SMs (CTAs that fit at once: SMs x CTAs per SM), as choose_splits decides for
+// cpu_flash's threads. The write-up's case (1024 rows, d=64) on the wgmma kernel: 8 query
+// blocks of 128 rows, 16 splits of one 64-key tile each, 128 CTAs (JOURNEY 2c.3).
+SplitPlan split_plan(const AttentionParams& p, const Geometry& geo) {
   SplitPlan plan;
-  plan.geo = geometry(p.head_dim);
+  plan.geo = geo;
   plan.query_blocks = static_cast<int>((p.seqlen_q + plan.geo.block_m - 1) / plan.geo.block_m);
   plan.tiles = p.batch * p.heads_q * plan.query_blocks;
   if (const int pinned = pinned_splits(); pinned > 0) {
@@ -146,7 +151,6 @@ SplitPlan split_plan(const AttentionParams& p) {
   return plan;
 }
 
-int64_t tf32x3_workspace_bytes(const AttentionParams& p) { return split_plan(p).workspace_bytes(); }
 
 // The split partials come from a stream-ordered pool of the backend's own per device, which
 // keeps up to kPoolKeepBytes between calls (the default pool would return them to the
@@ -180,43 +184,72 @@ void launch_forward(const AttentionParams& p, const tf32x3::SplitArgs& args,
 }
 
 #if FLASHTILE_TF32X3_WITH_SM90
-// FLASHTILE_TF32X3_PATH: false when pinned to "mma" (read only where the wgmma path exists).
-bool wgmma_path_allowed() {
+// FLASHTILE_TF32X3_PATH (read only where the wgmma path exists).
+enum class WgmmaPath { every_call, unsplit_calls, never };
+WgmmaPath wgmma_path_from_environment() {
   const char* value = std::getenv("FLASHTILE_TF32X3_PATH");
-  if (value == nullptr || *value == '\0' || std::string(value) == "auto") return true;
-  if (std::string(value) == "mma") return false;
+  if (value == nullptr || *value == '\0' || std::string(value) == "auto")
+    return WgmmaPath::every_call;
+  if (std::string(value) == "unsplit") return WgmmaPath::unsplit_calls;
+  if (std::string(value) == "mma") return WgmmaPath::never;
   throw Error(ErrorKind::invalid_argument,
-              std::string("FLASHTILE_TF32X3_PATH must be \"auto\" or \"mma\"; got \"") + value +
-                  "\"");
+              std::string("FLASHTILE_TF32X3_PATH must be \"auto\", \"unsplit\" or \"mma\"; "
+                          "got \"") +
+                  value + "\"");
+}
+
+// The wgmma kernel's geometry for head dim 64 or 128: one CTA per SM (225 KB).
+Geometry sm90_geometry(int64_t head_dim) {
+  const tf32x3::Tf32Sm90Tile tile =
+      head_dim == 64 ? tf32x3::tf32x3_sm90_tile<64>() : tf32x3::tf32x3_sm90_tile<128>();
+  return {tile.block_m, tile.block_n, tile.smem_bytes, 1, static_cast<int>(head_dim)};
 }
 #endif
 
-// Which kernel a call runs (selection.hpp). The wgmma path (step 2c) serves what its
-// kernels cover: sm_90a code built and a 9.0 device, 3xTF32, head_dim 64 or 128 exactly,
-// rows on 16 bytes, and no key split (calls small enough to split keep the mma.sync kernel
-// and its split-KV combine). Measured (H200, one call, fp32 field grid, 16k tokens, seqlen
+// A call's kernel and the split plan worked out for that kernel's tile.
+struct CallPlan {
+  Tf32x3Kernel kernel = Tf32x3Kernel::mma_sync;
+  SplitPlan split;
+};
+
+// Which kernel a call runs (selection.hpp), and its split plan. The wgmma path (step 2c)
+// serves what its kernels cover: sm_90a code built and a 9.0 device, 3xTF32, head_dim 64 or
+// 128 exactly, rows on 16 bytes; split or not (2c.3: a split call's partials go to the same
+// combine as mma.sync's). Measured (H200, one call, fp32 field grid, 16k tokens, seqlen
 // 1k-16k, full and causal; docs/JOURNEY.md step 2c): wgmma 47.3-60.6 TFLOP/s at d=64 and
 // 50.2-64.0 at d=128 against mma.sync's 36.0-40.9 and 33.3-42.1, 1.31-1.54x at every
 // point, so it takes every call it covers. Not timed apart: varlen, windows, softcap,
 // ALiBi, sinks (correct on both: tests/cuda/test_cuda_tf32x3_sm90.cpp).
-Tf32x3Kernel kernel_for(const AttentionParams& p, tf32x3::Precision precision,
-                        const SplitPlan& plan) {
+CallPlan call_plan(const AttentionParams& p, tf32x3::Precision precision) {
 #if FLASHTILE_TF32X3_WITH_SM90
   const bool covered = device_facts(p.device_index).cc.number() == 90 &&
                        (p.head_dim == 64 || p.head_dim == 128) && tf32x3::rows_aligned_16(p) &&
-                       precision == tf32x3::Precision::split3 && plan.splits == 1;
-  if (covered && wgmma_path_allowed()) return Tf32x3Kernel::wgmma;
+                       precision == tf32x3::Precision::split3;
+  if (covered) {
+    const WgmmaPath path = wgmma_path_from_environment();
+    if (path != WgmmaPath::never) {
+      const SplitPlan split = split_plan(p, sm90_geometry(p.head_dim));
+      if (path == WgmmaPath::every_call || split.splits == 1) return {Tf32x3Kernel::wgmma, split};
+    }
+  }
 #else
-  (void)p, (void)precision, (void)plan;
+  (void)precision;
 #endif
-  return Tf32x3Kernel::mma_sync;
+  return {Tf32x3Kernel::mma_sync, split_plan(p, geometry(p.head_dim))};
+}
+
+int64_t tf32x3_workspace_bytes(const AttentionParams& p) {
+  return call_plan(p, precision_from_environment()).split.workspace_bytes();
 }
 
 }  // namespace
 
 // selection.hpp: the same choice, from the environment and the SM count.
 Tf32x3Kernel tf32x3_kernel_for(const AttentionParams& p) {
-  return kernel_for(p, precision_from_environment(), split_plan(p));
+  return call_plan(p, precision_from_environment()).kernel;
+}
+int tf32x3_splits_for(const AttentionParams& p) {
+  return call_plan(p, precision_from_environment()).split.splits;
 }
 
 namespace {
@@ -225,20 +258,25 @@ void run_tf32x3(const AttentionParams& p) {
   const DeviceGuard on_device(p.device_index);
   auto stream = static_cast<cudaStream_t>(p.stream);
   const tf32x3::Precision precision = precision_from_environment();
-  const SplitPlan plan = split_plan(p);
+  const CallPlan call = call_plan(p, precision);
+  const SplitPlan& plan = call.split;
+  // The chosen kernel's forward: finished rows, or with splits > 1 the partials.
+  auto forward = [&](const tf32x3::SplitArgs& args) {
 #if FLASHTILE_TF32X3_WITH_SM90
-  if (kernel_for(p, precision, plan) == Tf32x3Kernel::wgmma) {
-    if (p.head_dim == 64)
-      tf32x3::run_tf32x3_sm90_forward<64>(p, stream);
-    else
-      tf32x3::run_tf32x3_sm90_forward<128>(p, stream);
-    return;
-  }
+    if (call.kernel == Tf32x3Kernel::wgmma) {
+      if (p.head_dim == 64)
+        tf32x3::run_tf32x3_sm90_forward<64>(p, args, stream);
+      else
+        tf32x3::run_tf32x3_sm90_forward<128>(p, args, stream);
+      return;
+    }
 #endif
+    launch_forward(p, args, precision, stream);
+  };
   tf32x3::SplitArgs args;
   args.splits = plan.splits;
   if (plan.splits == 1) {
-    launch_forward(p, args, precision, stream);
+    forward(args);
     return;
   }
   void* workspace = nullptr;
@@ -248,7 +286,7 @@ void run_tf32x3(const AttentionParams& p) {
   args.partials = SplitPartials::at(workspace, plan.tiles, plan.splits, plan.geo.block_m,
                                     plan.geo.head_dim, plan.query_blocks);
   try {
-    launch_forward(p, args, precision, stream);
+    forward(args);
     // sm_90+: the combine's launch overlaps the forward's tail (the forward kernel allows it).
     launch_split_kv_combine<float>(p, args.partials, stream,
                                    device_facts(p.device_index).cc.number() >= 90);

@@ -39,12 +39,29 @@ inline Tf32Sm90Schedule tf32x3_sm90_schedule_from_environment() {
                   value + "\"");
 }
 
-// Runs the wgmma forward for head dim kHeadDim (p validated; fp32, head_dim == kHeadDim,
-// rows on 16 bytes, no key split: backend.cu checks), on `stream`.
-template <int kHeadDim>
-void run_tf32x3_sm90_forward(const AttentionParams& p, cudaStream_t stream);
+struct SplitArgs;  // kernel.cuh: the key splits and, with more than one, their partials
 
-extern template void run_tf32x3_sm90_forward<64>(const AttentionParams&, cudaStream_t);
-extern template void run_tf32x3_sm90_forward<128>(const AttentionParams&, cudaStream_t);
+// Runs the wgmma forward for head dim kHeadDim (p validated; fp32, head_dim == kHeadDim,
+// rows on 16 bytes: backend.cu checks), on `stream`: finished rows, or with
+// split_args.splits > 1 the partials that launch_split_kv_combine then merges.
+template <int kHeadDim>
+void run_tf32x3_sm90_forward(const AttentionParams& p, const SplitArgs& split_args,
+                             cudaStream_t stream);
+
+extern template void run_tf32x3_sm90_forward<64>(const AttentionParams&, const SplitArgs&,
+                                                 cudaStream_t);
+extern template void run_tf32x3_sm90_forward<128>(const AttentionParams&, const SplitArgs&,
+                                                  cudaStream_t);
+
+// The wgmma kernel's tile for head dim kHeadDim (Tf32Sm90Traits), which the split plan of a
+// call on this path is worked out from (backend.cu's split_plan): one CTA per SM.
+struct Tf32Sm90Tile {
+  int block_m, block_n, smem_bytes;
+};
+template <int kHeadDim>
+Tf32Sm90Tile tf32x3_sm90_tile();
+
+extern template Tf32Sm90Tile tf32x3_sm90_tile<64>();
+extern template Tf32Sm90Tile tf32x3_sm90_tile<128>();
 
 }  // namespace flashtile::detail::tf32x3

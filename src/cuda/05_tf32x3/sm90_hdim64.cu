@@ -4,5 +4,7 @@
 #include "cuda/05_tf32x3/sm90_kernel.cuh"
 
 namespace flashtile::detail::tf32x3 {
-template void run_tf32x3_sm90_forward<64>(const AttentionParams&, cudaStream_t);
+template void run_tf32x3_sm90_forward<64>(const AttentionParams&, const SplitArgs&,
+                                              cudaStream_t);
+template Tf32Sm90Tile tf32x3_sm90_tile<64>();
 }  // namespace flashtile::detail::tf32x3

@@ -37,7 +37,9 @@
 // (transform, mask, quad max) and step 2b's softmax and epilogue apply as they stand.
 //
 // Served (backend.cu decides): fp32, head_dim 64 or 128 exactly, rows on 16 bytes, 3xTF32,
-// no key split; dense and varlen, every mask and variant (through src/attn/ as step 2b).
+// dense and varlen, every mask and variant (through src/attn/ as step 2b). Split-KV (2c.3):
+// CTA x = query block · splits + split walks its split's share of the key blocks
+// (split_key_blocks) and writes a partial for split_kv_combine.cuh, as step 2b's kernel.
 //
 // Measured (H200, fp32 field grid, 16k tokens, seqlen 1k-16k; docs/JOURNEY.md step 2c):
 // d=64 47.3-60.6 TFLOP/s (1.53-1.83x SDPA's memory-efficient kernel in the same run),
@@ -395,24 +397,53 @@ struct Tf32Sm90Consumer {
       }
     }
   }
+
+  // A split's partial (split-KV): O normalised by the split's own l, and its LSE, into the
+  // workspace (pitch kD); the NaN rule and the sink are the combine's, over the whole row.
+  __device__ __forceinline__ void store_partial(const SplitPartials& parts, int64_t tile_index,
+                                                int split, int row_start, int seqlen_q) {
+    const int g = lane / 4, t = lane % 4;
+    float(&ot)[1][kDTiles][4] = as_mma_tiles<kDTiles>(o);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      SoftmaxState<float> sst = state[half];
+      sst.l += __shfl_xor_sync(0xffffffffu, sst.l, 1);
+      sst.l += __shfl_xor_sync(0xffffffffu, sst.l, 2);
+      const int local_row = warp_row0 + g + 8 * half;
+      if (row_start + local_row >= seqlen_q) continue;
+      const float out_scale = output_scale(sst);  // 0 for a split that saw no key of the row
+      float* to = parts.out_row(tile_index, split, local_row);
+      if (t == 0) parts.lse[parts.row_index(tile_index, split, local_row)] = log_sum_exp(sst);
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const int col = dt * 8 + 2 * t;  // this lane's column pair
+        *reinterpret_cast<float2*>(to + col) =
+            make_float2(ot[0][dt][2 * half] * out_scale, ot[0][dt][2 * half + 1] * out_scale);
+      }
+    }
+  }
 };
 
 // What a CTA computes: its query block of one (batch, head), heaviest blocks first in x, and
-// the key tiles that block visits, last-first (tile i is key block blocks.end - 1 - i).
+// the key tiles that block visits (its split's share of them), last-first (tile i is key
+// block blocks.end - 1 - i).
 struct Tf32Sm90Work {
   int64_t b, h, hk;
   SeqlenInfo<int> seq;
   Mask<int> mask;
-  int row_start, last_row;
+  int split, query_block, row_start, last_row;
   KeyBlocks<int> blocks;
-  __device__ __forceinline__ Tf32Sm90Work(const AttentionParams& p, int block_m, int block_n)
+  __device__ __forceinline__ Tf32Sm90Work(const AttentionParams& p, int splits, int block_m,
+                                          int block_n)
       : b(blockIdx.z), h(blockIdx.y), hk(int64_t(blockIdx.y) / p.heads_per_kv()), seq(p, b),
-        mask(seq.mask(p)),
-        row_start(heaviest_first_block(p.window_left, p.window_right, static_cast<int>(blockIdx.x),
-                                       static_cast<int>(gridDim.x)) *
-                  block_m) {
+        mask(seq.mask(p)), split(static_cast<int>(blockIdx.x) % splits),
+        query_block(heaviest_first_block(p.window_left, p.window_right,
+                                         static_cast<int>(blockIdx.x) / splits,
+                                         static_cast<int>(gridDim.x) / splits)),
+        row_start(query_block * block_m) {
     last_row = min(row_start + block_m, seq.seqlen_q) - 1;
-    if (row_start < seq.seqlen_q) blocks = key_blocks(mask, row_start, last_row + 1, block_n);
+    if (row_start < seq.seqlen_q)
+      blocks = split_key_blocks(key_blocks(mask, row_start, last_row + 1, block_n), split, splits);
   }
   __device__ __forceinline__ bool idle() const { return row_start >= seq.seqlen_q; }
   __device__ __forceinline__ int key_block(int tile) const { return blocks.end - 1 - tile; }
@@ -422,6 +453,19 @@ struct Tf32Sm90Work {
   }
   __device__ __forceinline__ const float* v_head(const AttentionParams& p) const {
     return static_cast<const float*>(p.v) + seq.v_offset(p, b, 0, hk);
+  }
+  // The epilogue: the finished rows, or with splits > 1 this split's partial (an empty
+  // split's too: the combine reads every split).
+  template <class Consumer>
+  __device__ __forceinline__ void store(const AttentionParams& p, const SplitArgs& split_args,
+                                        Consumer& consumer) const {
+    if (split_args.splits > 1) {
+      const SplitPartials& parts = split_args.partials;
+      consumer.store_partial(parts, parts.tile(b, h, p.heads_q, query_block), split, row_start,
+                             seq.seqlen_q);
+    } else {
+      consumer.store(p, seq, mask, b, h, row_start);
+    }
   }
   // This block's Q rows into the big Q plane, swizzled (cp.async; the caller commits).
   template <class Cfg>
@@ -444,13 +488,17 @@ inline constexpr int kFirstScoresIssuedBarrier = 1;
 // in the same order, so both schedules write the same bits.
 template <class Cfg, class Logits, bool kPingPong>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    tf32x3_sm90_forward_kernel(const AttentionParams p) {
+    tf32x3_sm90_forward_kernel(const AttentionParams p,
+                                                   const SplitArgs split_args) {
   static_assert(!Cfg::kOverlapSplit, "the overlapped pipeline is tf32x3_sm90_overlap_kernel");
   static_assert(!kPingPong || Cfg::kWarpgroups == 2, "ping-pong orders two consumer warpgroups");
   constexpr int kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const Tf32Sm90Smem<Cfg> sm(smem_raw);
-  const Tf32Sm90Work work(p, Cfg::kBlockM, kBlockN);
+  // The split-KV combine (a programmatic dependent launch on sm_90) may be scheduled once
+  // every CTA of this grid has started; it still waits for the whole grid to finish.
+  allow_dependent_launch();
+  const Tf32Sm90Work work(p, split_args.splits, Cfg::kBlockM, kBlockN);
   if (work.idle()) return;
   const int n_tiles = work.blocks.count();
   const SeqlenInfo<int>& seq = work.seq;
@@ -497,7 +545,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     consumer.accumulate_pv(sm.vt_big(0), sm.vt_small(0));
   }
   ptx::cp_async_wait<0>();  // only empty groups remain (or Q's, when no tile ran)
-  consumer.store(p, seq, work.mask, work.b, work.h, work.row_start);
+  work.store(p, split_args, consumer);
 }
 
 // V rows of a tile into the staging area as 4x4 blocks (the overlapped pipeline): thread i
@@ -558,12 +606,16 @@ __device__ __forceinline__ void split_own_kv(const Tf32Sm90Smem<Cfg>& sm, int se
 // frees the old one (every S(j) and P·V(j) has been waited for).
 template <class Cfg, class Logits>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    tf32x3_sm90_overlap_kernel(const AttentionParams p) {
+    tf32x3_sm90_overlap_kernel(const AttentionParams p,
+                                                   const SplitArgs split_args) {
   static_assert(Cfg::kOverlapSplit, "the overlapped pipeline needs two sets of planes");
   constexpr int kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const Tf32Sm90Smem<Cfg> sm(smem_raw);
-  const Tf32Sm90Work work(p, Cfg::kBlockM, kBlockN);
+  // The split-KV combine (a programmatic dependent launch on sm_90) may be scheduled once
+  // every CTA of this grid has started; it still waits for the whole grid to finish.
+  allow_dependent_launch();
+  const Tf32Sm90Work work(p, split_args.splits, Cfg::kBlockM, kBlockN);
   if (work.idle()) return;
   const int n_tiles = work.blocks.count();
   const SeqlenInfo<int>& seq = work.seq;
@@ -608,26 +660,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     __syncthreads();  // set ^ 1 complete for S(tile + 1); every read of `set` is done
   }
   ptx::cp_async_wait<0>();  // only empty groups remain
-  consumer.store(p, seq, work.mask, work.b, work.h, work.row_start);
+  work.store(p, split_args, consumer);
 }
 
-// One kernel's launch: its shared memory raised once per device, one CTA per query block
-// of each (head, batch).
+// One kernel's launch: its shared memory raised once per device, one CTA per (split, query
+// block) of each (head, batch).
 template <class Cfg, auto kKernel>
-void launch_tf32x3_sm90(const AttentionParams& p, cudaStream_t stream, const char* name) {
+void launch_tf32x3_sm90(const AttentionParams& p, const SplitArgs& split_args, cudaStream_t stream,
+                        const char* name) {
   static std::atomic<uint64_t> smem_raised{0};  // one per kernel
   raise_smem_limit_once(kKernel, Cfg::kSmemBytes, p.device_index, smem_raised);
   const int query_blocks = static_cast<int>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
-  const dim3 grid(static_cast<unsigned>(query_blocks), static_cast<unsigned>(p.heads_q),
-                  static_cast<unsigned>(p.batch));
-  kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(query_blocks * split_args.splits),
+                  static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+  kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, split_args);
   check_launch(name);
 }
 
 // One head dim's kernels (instantiated in sm90_hdim<D>.cu): one per LogitsFlags and, with
 // one set of planes (d=128), per schedule (FLASHTILE_TF32X3_SM90_SCHEDULE, sm90.hpp).
 template <int kHeadDim>
-void run_tf32x3_sm90_forward(const AttentionParams& p, cudaStream_t stream) {
+void run_tf32x3_sm90_forward(const AttentionParams& p, const SplitArgs& split_args,
+                             cudaStream_t stream) {
   using Cfg = Tf32Sm90Traits<kHeadDim>;
   const Tf32Sm90Schedule schedule = tf32x3_sm90_schedule_from_environment();
   with_logits_flags(p, [&](auto flags) {
@@ -635,15 +689,22 @@ void run_tf32x3_sm90_forward(const AttentionParams& p, cudaStream_t stream) {
     if constexpr (Cfg::kOverlapSplit) {
       (void)schedule;  // two plane sets: the overlapped pipeline, whatever the setting
       launch_tf32x3_sm90<Cfg, &tf32x3_sm90_overlap_kernel<Cfg, Logits>>(
-          p, stream, "tf32x3_sm90_overlap_kernel");
+          p, split_args, stream, "tf32x3_sm90_overlap_kernel");
     } else if (schedule == Tf32Sm90Schedule::pingpong) {
       launch_tf32x3_sm90<Cfg, &tf32x3_sm90_forward_kernel<Cfg, Logits, true>>(
-          p, stream, "tf32x3_sm90_forward_kernel<pingpong>");
+          p, split_args, stream, "tf32x3_sm90_forward_kernel<pingpong>");
     } else {
       launch_tf32x3_sm90<Cfg, &tf32x3_sm90_forward_kernel<Cfg, Logits, false>>(
-          p, stream, "tf32x3_sm90_forward_kernel");
+          p, split_args, stream, "tf32x3_sm90_forward_kernel");
     }
   });
+}
+
+template <int kHeadDim>
+Tf32Sm90Tile tf32x3_sm90_tile() {
+  using Cfg = Tf32Sm90Traits<kHeadDim>;
+  static_assert(Cfg::kBlockM % 4 == 0, "the split-KV combine takes rows four at a time");
+  return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kSmemBytes};
 }
 
 }  // namespace flashtile::detail::tf32x3
