@@ -475,8 +475,10 @@ struct Tf32Sm90Work {
   }
 };
 
-// Named barrier of the ping-pong schedule: warpgroup 0 arrives once its S wgmma are issued,
-// warpgroup 1 waits on it before issuing its own (0 is __syncthreads).
+// Named barrier of the ping-pong schedule: warpgroup 0 meets it once its S wgmma are issued,
+// warpgroup 1 before issuing its own (0 is __syncthreads). Both sides bar.sync: warpgroup 1
+// reaches it straight from the tile's __syncthreads, so warpgroup 0 barely waits, and an
+// arrive-only hand-over drew racecheck hazards (2c.4) that this form is to settle.
 inline constexpr int kFirstScoresIssuedBarrier = 1;
 
 // The first pipeline (d=128): one set of planes; per tile every thread splits K and
@@ -536,7 +538,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const bool first = threadIdx.x < sm90::kWarpgroupThreads;
       if (!first) ptx::named_barrier_sync(kFirstScoresIssuedBarrier, Cfg::kThreads);
       consumer.issue_scores(sm.q_big, sm.q_small, sm.k_big(0), sm.k_small(0));
-      if (first) ptx::named_barrier_arrive(kFirstScoresIssuedBarrier, Cfg::kThreads);
+      if (first) ptx::named_barrier_sync(kFirstScoresIssuedBarrier, Cfg::kThreads);
     } else {
       consumer.issue_scores(sm.q_big, sm.q_small, sm.k_big(0), sm.k_small(0));
     }
