@@ -33,6 +33,9 @@
 
 #include "api/params.hpp"
 #include "cuda/05_tf32x3/kernel.cuh"
+#if FLASHTILE_WITH_SM90
+#include "cuda/05_tf32x3/sm90.hpp"
+#endif
 #include "cuda/device_guard.cuh"
 #include "flashtile/device.hpp"
 #include "flashtile/flashtile.hpp"
@@ -182,6 +185,36 @@ int main(int argc, char** argv) {
       detail::tf32x3::run_tf32x3_forward<64>(p, args, precision, stream);
       detail::launch_split_kv_combine<float>(p, args.partials, stream, overlap);
     });
+#if FLASHTILE_WITH_SM90
+  // The wgmma kernel (2c.3) on the same call: its own tile (128 rows), so its own partials.
+  {
+    const detail::tf32x3::Tf32Sm90Tile wg = detail::tf32x3::tf32x3_sm90_tile<64>();
+    const int wg_query_blocks = int((kN + wg.block_m - 1) / wg.block_m);
+    DeviceBuffer wg_workspace(
+        SplitPartials::bytes(wg_query_blocks, detail::kMaxSplits, wg.block_m, int(kD)));
+    auto wg_args = [&](int n) {
+      detail::tf32x3::SplitArgs a;
+      a.splits = n;
+      if (n > 1)
+        a.partials = SplitPartials::at(wg_workspace.data(), wg_query_blocks, n, wg.block_m,
+                                       int(kD), wg_query_blocks);
+      return a;
+    };
+    for (int n : {1, 2, 4, 8, 16}) {
+      const detail::tf32x3::SplitArgs a = wg_args(n);
+      const std::string what = "wgmma forward s=" + std::to_string(n);
+      time_us(what.c_str(), true, [&] { detail::tf32x3::run_tf32x3_sm90_forward<64>(p, a, stream); });
+    }
+    const detail::tf32x3::SplitArgs a = wg_args(16);
+    detail::tf32x3::run_tf32x3_sm90_forward<64>(p, a, stream);
+    time_us("wgmma combine s=16", true,
+            [&] { detail::launch_split_kv_combine<float>(p, a.partials, stream); });
+    time_us("wgmma pair s=16, programmatic", true, [&] {
+      detail::tf32x3::run_tf32x3_sm90_forward<64>(p, a, stream);
+      detail::launch_split_kv_combine<float>(p, a.partials, stream, true);
+    });
+  }
+#endif
   // The host steps, each timed over batches of calls with the GPU left to drain between
   // batches (a full launch queue would block the host and count the GPU's time instead).
   auto host_step_us = [&](const char* what, int batch, auto&& body) {
