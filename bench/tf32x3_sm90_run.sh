@@ -7,8 +7,8 @@
 #    (bench/peers.py) and the mma.sync kernel on the same grid (FLASHTILE_TF32X3_PATH=mma).
 #  d128: step 2c.4's A/B in under a minute: the wgmma tests (both d=128 schedules)
 #    and two default-path cuda_tf32x3 suites, sharded; racecheck on the schedules' bitwise
-#    test (small grid); the d=128 field grid beside SDPA-efficient on the default (together)
-#    schedule, then the CLI's sweep of the same grid with FLASHTILE_TF32X3_SM90_SCHEDULE=pingpong.
+#    test (small grid); the d=128 field grid beside SDPA-efficient with "together" pinned,
+#    then the CLI's sweep of the same grid with FLASHTILE_TF32X3_SM90_SCHEDULE=pingpong.
 # Binaries: from a build tree (BIN_DIR=build-gpu: tools/flashtile, tests/...) or a gzip tar
 # built elsewhere for sm_90a (BIN_TAR: flashtile, flashtile_cuda_tf32x3_sm90_tests,
 # flashtile_cuda_tf32x3_tests, flat). The logs come back as $OUT/logs.tgz.
@@ -55,7 +55,7 @@ if [ "${1:-}" = d128 ]; then
       > "$logs/sm90_tests_$i.log" 2>&1 &
     pids="$pids $!"
   done
-  # The default path (together at d=128) through the backend's own suite.
+  # The default path (pingpong at d=128 since the seventh session) through the backend's own suite.
   for t in VarlenMatchesOracle NonFiniteValuesFollowTheRule; do
     timeout 30 "$T_TF32" --gtest_filter="CudaTf32x3.$t" > "$logs/tf32x3_$t.log" 2>&1 &
     pids="$pids $!"
@@ -66,9 +66,9 @@ if [ "${1:-}" = d128 ]; then
   grep -h "^\[  PASSED\|^\[  FAILED\|^\[  SKIPPED\|^\[       OK\|worst\|median\|Failure" "$logs"/sm90_tests_*.log \
     "$logs"/tf32x3_*.log | sort | uniq -c | head -40
   wait $race_pid; echo "racecheck rc=$?"; tail -n 3 "$logs/racecheck.log"; pack
-  # d=128 beside SDPA-efficient (together, the default), then ping-pong pinned.
+  # d=128 beside SDPA-efficient (together pinned), then ping-pong pinned.
   stamp peers
-  PYTHONUNBUFFERED=1 timeout 30 python3 bench/peers.py --cli "$F" --dtype f32 \
+  FLASHTILE_TF32X3_SM90_SCHEDULE=together PYTHONUNBUFFERED=1 timeout 30 python3 bench/peers.py --cli "$F" --dtype f32 \
     --backends cuda_tf32x3 --peers efficient --head-dims 128 --seqlens 1024,4096,16384 \
     --cli-repeats 5 --cli-warmup 1 --out "$logs" --tag _tf32x3_d128_together > "$logs/peers.txt" 2>&1
   echo "peers rc=$?"; tail -n 10 "$logs/peers.txt"; pack

@@ -4,7 +4,7 @@
 // causal, GQA/MQA, strides), every variant, varlen, N = 131072 on one head, bitwise
 // repeatability, split calls (the combine after the wgmma kernel's partials, 2c.3), and the
 // selector's choice. d=128 runs both of its schedules
-// (FLASHTILE_TF32X3_SM90_SCHEDULE: together, the default, and pingpong), which must also
+// (FLASHTILE_TF32X3_SM90_SCHEDULE: pingpong, the default, and together), which must also
 // agree bitwise with each other (same products in the same order). The suite in
 // test_cuda_tf32x3.cpp runs the same backend (and so this path, on the default schedule,
 // wherever it is chosen). Every test skips without a capable

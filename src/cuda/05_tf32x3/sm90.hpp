@@ -18,21 +18,21 @@ inline constexpr int kSm90HeadDims[] = {64, 128};
 // How the d=128 kernel (one set of K/Vᵀ planes, split between two barriers) orders its two
 // consumer warpgroups' wgmma, set by FLASHTILE_TF32X3_SM90_SCHEDULE (read per call whenever
 // the wgmma path runs; d=64's overlapped pipeline ignores it):
-//   "together" (default)  both issue S at once, so both softmaxes run with the tensor
+//   "pingpong" (default)  warpgroup 1 issues S after warpgroup 0 (both meet a named barrier),
+//                         so each softmax runs under the other warpgroup's wgmma (step 2c.4)
+//   "together"            both issue S at once, so both softmaxes run with the tensor
 //                         cores idle (step 2c's first kernel)
-//   "pingpong"            warpgroup 1 issues S after warpgroup 0, so each softmax runs
-//                         under the other warpgroup's wgmma (step 2c.4)
-// Measured (H200, fp32 field grid, d=128, one call; docs/JOURNEY.md step 2c.4): pingpong
-// 63.4/66.5/67.3 TFLOP/s full 1k/4k/16k and 51.4 causal 1k against together's
-// 60.5/63.0/63.8 and 50.0, +3-6%, outputs bitwise equal; opt-in while a racecheck report on
-// the test that runs both schedules (3 hazards, staging cp.async against split_kv) is open.
+// Measured (H200, fp32 field grid, d=128, one call, seventh session's final call;
+// docs/JOURNEY.md step 2c.4): pingpong 63.0/66.0/66.8 TFLOP/s full 1k/4k/16k and
+// 51.2/60.4/67.3 causal against together's 60.4/62.9/63.5 and 49.6/58.2/63.5, +3-6% at every
+// point, outputs bitwise equal; racecheck 0 hazards on each schedule alone.
 enum class Tf32Sm90Schedule { together, pingpong };
 
 inline Tf32Sm90Schedule tf32x3_sm90_schedule_from_environment() {
   const char* value = std::getenv("FLASHTILE_TF32X3_SM90_SCHEDULE");
-  if (value == nullptr || *value == '\0' || std::string(value) == "together")
-    return Tf32Sm90Schedule::together;
-  if (std::string(value) == "pingpong") return Tf32Sm90Schedule::pingpong;
+  if (value == nullptr || *value == '\0' || std::string(value) == "pingpong")
+    return Tf32Sm90Schedule::pingpong;
+  if (std::string(value) == "together") return Tf32Sm90Schedule::together;
   throw Error(ErrorKind::invalid_argument,
               std::string("FLASHTILE_TF32X3_SM90_SCHEDULE must be \"pingpong\" or "
                           "\"together\"; got \"") +
