@@ -113,7 +113,7 @@ TEST(Sm90Pieces, PVProductMatchesHost) {
 // ---- attention against the oracle --------------------------------------------------------
 
 // Pins the kernel's pipeline for one scope (FLASHTILE_SM90_PIPELINE, read at each call):
-// "tma_persistent" (step 4.6, never taken unpinned), "tma_ping_pong" (step 4.5),
+// "tma_persistent" (step 4.6; unpinned, d=256 dense calls from 4k), "tma_ping_pong" (step 4.5),
 // "tma_ws_overlap" (4.4), "tma_ws" (4.3, what most d=64 dense calls take unpinned:
 // launch_sm90_forward in kernel.cuh), "tma" (4.2) or "cp_async" (4.1, what varlen calls
 // take), or a 192-row one of step 4.7 (d=64 only). A TMA pipeline fails a call whose maps

@@ -22,8 +22,9 @@ struct Sm90Traits;
 // causal calls, whose diagonal blocks walk few (their first S and last P·V run alone).
 //
 // kPersistentOverlap, kPersistentPingPong: the consumers step 4.6 (Pipeline::tma_persistent,
-// never taken by dense_pipeline: not yet measured) runs, those of the pipeline measured
-// fastest at 16k for the head dim: 4.3 (neither), 4.4 (overlap) or 4.5 (both).
+// which dense_pipeline takes at d=256 only, where it measured faster) runs, those of the
+// pipeline measured fastest at 16k for the head dim: 4.3 (neither), 4.4 (overlap) or 4.5
+// (both).
 template <>
 struct Sm90Traits<64> : Sm90Config<64, 128, 2, 2, 1> {
   // 4.3 410 / 404 TFLOP/s (full / causal, bf16 16k), 4.4 404 / 391, 4.5 407 / 391.
@@ -66,10 +67,14 @@ struct Sm90Traits<256> : Sm90Config<256, 64, 2, 2, 1> {
   // 4.4 634 / 610, 4.5 625 / 610, 4.3 587 / 570.
   static constexpr bool kPersistentOverlap = true, kPersistentPingPong = false;
   // 4.4: +3-8% over 4.3 full at every length and causal from 2k; 4.3 causal below 2k (4.4
-  // 2-5% slower). 4.5 within 3% of 4.4 at 4k-16k.
+  // 2-5% slower). 4.5 within 3% of 4.4 at 4k-16k. 4.6 (persistent, 4.4's consumers) against
+  // 4.4, two runs of each interleaved in one call (seventh session, JOURNEY 4.8): full 4k
+  // +1.2/+2.1%, full 16k +2.0/+1.6%, causal 4k +2.8/+1.8%, causal 16k -1.1/-0.9%; so 4.6
+  // takes full calls from 4k and causal ones from 4k below 8k (8k not measured: 4.4 kept).
   static Pipeline dense_pipeline(const AttentionParams& p) {
-    return p.is_causal() && p.seqlen_k < 2048 ? Pipeline::tma_warp_specialized
-                                              : Pipeline::tma_warp_specialized_overlap;
+    if (p.is_causal() && p.seqlen_k < 2048) return Pipeline::tma_warp_specialized;
+    const bool persistent = p.seqlen_k >= 4096 && (!p.is_causal() || p.seqlen_k < 8192);
+    return persistent ? Pipeline::tma_persistent : Pipeline::tma_warp_specialized_overlap;
   }
 };
 
