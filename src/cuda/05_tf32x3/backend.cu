@@ -151,7 +151,6 @@ SplitPlan split_plan(const AttentionParams& p, const Geometry& geo) {
   return plan;
 }
 
-
 // The split partials come from a stream-ordered pool of the backend's own per device, which
 // keeps up to kPoolKeepBytes between calls (the default pool would return them to the
 // driver at every synchronisation and pay for the allocation again).
