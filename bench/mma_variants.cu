@@ -234,9 +234,10 @@ struct Bench {
 
   // Causal windows (L, 0), 16k, d=128, through the plain aligned kernel called directly: the
   // two schedules of kernel.cuh (BlockSchedule), on traits' shape and another tile shape
-  // (docs/JOURNEY.md 3g; its L2-prefetch rows came from branch feat/window). GridSchedule on traits' shape is main's kernel; the library takes
-  // WindowSchedule (traits.cuh) for these calls. 3f's 16-rows-a-warp shapes (M64 N64 W4,
-  // M64 N32 W4: 0.60 ms against 0.51) are left out.
+  // (docs/JOURNEY.md 3g; its L2-prefetch rows came from branch feat/window). GridSchedule on
+  // traits' shape is main's kernel; the library takes WindowSchedule (traits.cuh) for these
+  // calls. 3f's 16-rows-a-warp shapes (M64 N64 W4, M64 N32 W4: 0.60 ms against 0.51) are
+  // left out.
   template <class Cfg, class Schedule>
   void window_shape_one(const char* schedule, const detail::AttentionParams& p, double flops) {
     char label[96];

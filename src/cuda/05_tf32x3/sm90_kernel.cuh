@@ -490,8 +490,7 @@ inline constexpr int kFirstScoresIssuedBarrier = 1;
 // in the same order, so both schedules write the same bits.
 template <class Cfg, class Logits, bool kPingPong>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    tf32x3_sm90_forward_kernel(const AttentionParams p,
-                                                   const SplitArgs split_args) {
+    tf32x3_sm90_forward_kernel(const AttentionParams p, const SplitArgs split_args) {
   static_assert(!Cfg::kOverlapSplit, "the overlapped pipeline is tf32x3_sm90_overlap_kernel");
   static_assert(!kPingPong || Cfg::kWarpgroups == 2, "ping-pong orders two consumer warpgroups");
   constexpr int kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
@@ -552,9 +551,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
 // V rows of a tile into the staging area as 4x4 blocks (the overlapped pipeline): thread i
 // takes Vᵀ chunk cc = i % (kBlockN / 4) (keys 8·(cc / 2) + cc % 2 + {0, 2, 4, 6}, the
-// column order of Vᵀ) of dims 4c .. 4c + 3, c = i / (kBlockN / 4); key j of its block is float4 j·kThreads + i of the staging area, so that a warp's loads and
-// stores of it are conflict-free and the thread transposes its own block (no barrier before
-// the split).
+// column order of Vᵀ) of dims 4c .. 4c + 3, c = i / (kBlockN / 4); key j of its block is
+// float4 j·kThreads + i of the staging area, so that a warp's loads and stores of it are
+// conflict-free and the thread transposes its own block (no barrier before the split).
 template <class Cfg>
 __device__ __forceinline__ void load_v_blocks(float* v_raw, const float* src, int64_t row_stride,
                                               int valid_rows) {
@@ -608,8 +607,7 @@ __device__ __forceinline__ void split_own_kv(const Tf32Sm90Smem<Cfg>& sm, int se
 // frees the old one (every S(j) and P·V(j) has been waited for).
 template <class Cfg, class Logits>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    tf32x3_sm90_overlap_kernel(const AttentionParams p,
-                                                   const SplitArgs split_args) {
+    tf32x3_sm90_overlap_kernel(const AttentionParams p, const SplitArgs split_args) {
   static_assert(Cfg::kOverlapSplit, "the overlapped pipeline needs two sets of planes");
   constexpr int kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -668,8 +666,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // One kernel's launch: its shared memory raised once per device, one CTA per (split, query
 // block) of each (head, batch).
 template <class Cfg, auto kKernel>
-void launch_tf32x3_sm90(const AttentionParams& p, const SplitArgs& split_args, cudaStream_t stream,
-                        const char* name) {
+void launch_tf32x3_sm90(const AttentionParams& p, const SplitArgs& split_args,
+                        cudaStream_t stream, const char* name) {
   static std::atomic<uint64_t> smem_raised{0};  // one per kernel
   raise_smem_limit_once(kKernel, Cfg::kSmemBytes, p.device_index, smem_raised);
   const int query_blocks = static_cast<int>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
