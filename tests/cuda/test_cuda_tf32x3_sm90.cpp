@@ -82,6 +82,26 @@ Tf32x3Kernel kernel_for(const AttentionCase& c, const DeviceCase& d) {
   return detail::tf32x3_kernel_for(p);
 }
 
+// s on the wgmma path (asserted), against the oracle, then `repeats` runs bitwise equal to it.
+void expect_wgmma_matches_and_repeats(const Shape& s, int repeats) {
+  AttentionCase c(s);
+  DeviceCase d(c);
+  ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);
+  d.run(c, kTf32x3);
+  EXPECT_TRUE(testing::matches_oracle(c));
+  ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, d, kTf32x3, repeats));
+}
+
+// N = 131072 on one head, d=64, on the wgmma path (asserted; the caller pins the splits):
+// sampled rows against the oracle.
+void expect_long_sequence_on_one_head() {
+  AttentionCase c(shape_of(1, 131072, 131072, 1, 1, 64));
+  DeviceCase d(c);
+  ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);
+  d.run(c, kTf32x3);
+  testing::expect_rows_match_oracle(c, {0, 77777, 131071});
+}
+
 // Runs c on both kernels (the backend's choice, then the mma.sync kernel pinned), checks
 // each against the oracle, and returns the two normwise errors (choice first).
 struct PathErrors {
@@ -194,12 +214,7 @@ TEST(CudaTf32x3Sm90, RunsRepeatBitwise) {
     Shape s = shape_of(2, 700, 900, 4, 2, d);
     s.causal = d == 128;
     s.softcap = d == 64 ? 20.0f : 0.0f, s.sinks = true;
-    AttentionCase c(s);
-    DeviceCase dc(c);
-    ASSERT_EQ(kernel_for(c, dc), Tf32x3Kernel::wgmma);
-    dc.run(c, kTf32x3);
-    EXPECT_TRUE(testing::matches_oracle(c));
-    ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, dc, kTf32x3, small_grid() ? 3 : 20));
+    ASSERT_NO_FATAL_FAILURE(expect_wgmma_matches_and_repeats(s, small_grid() ? 3 : 20));
   }
 }
 
@@ -209,11 +224,7 @@ TEST(CudaTf32x3Sm90, LongSequenceOnOneHead) {
   SKIP_WITHOUT_WGMMA();
   if (small_grid()) GTEST_SKIP() << "too long under compute-sanitizer";
   const ScopedEnv unsplit("FLASHTILE_TF32X3_SPLITS", "1");
-  AttentionCase c(shape_of(1, 131072, 131072, 1, 1, 64));
-  DeviceCase d(c);
-  ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);
-  d.run(c, kTf32x3);
-  testing::expect_rows_match_oracle(c, {0, 77777, 131071});
+  expect_long_sequence_on_one_head();
 }
 
 // Which kernel a call gets: the wgmma one for what it covers, the mma.sync one otherwise.
@@ -336,12 +347,8 @@ TEST(CudaTf32x3Sm90, SplitCallsRepeatBitwise) {
   SKIP_WITHOUT_WGMMA();
   {
     const ScopedEnv unpinned("FLASHTILE_TF32X3_SPLITS", nullptr);
-    AttentionCase c(shape_of(1, 1024, 1024, 1, 1, 64));
-    DeviceCase d(c);
-    ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);
-    d.run(c, kTf32x3);
-    EXPECT_TRUE(testing::matches_oracle(c));
-    ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, d, kTf32x3, small_grid() ? 3 : 20));
+    ASSERT_NO_FATAL_FAILURE(
+        expect_wgmma_matches_and_repeats(shape_of(1, 1024, 1024, 1, 1, 64), small_grid() ? 3 : 20));
   }
   const ScopedEnv splits("FLASHTILE_TF32X3_SPLITS", "5");
   for (const Sm90Kernel& kernel : kSm90Kernels) {
@@ -349,12 +356,7 @@ TEST(CudaTf32x3Sm90, SplitCallsRepeatBitwise) {
     SCOPED_TRACE(describe(kernel));
     Shape s = shape_of(2, 300, 900, 4, 2, kernel.head_dim);
     s.causal = true, s.softcap = 20.0f, s.sinks = true;
-    AttentionCase c(s);
-    DeviceCase d(c);
-    ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);
-    d.run(c, kTf32x3);
-    EXPECT_TRUE(testing::matches_oracle(c));
-    ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, d, kTf32x3, small_grid() ? 3 : 10));
+    ASSERT_NO_FATAL_FAILURE(expect_wgmma_matches_and_repeats(s, small_grid() ? 3 : 10));
   }
 }
 
@@ -364,11 +366,7 @@ TEST(CudaTf32x3Sm90, LongSequenceSplitOnOneHead) {
   SKIP_WITHOUT_WGMMA();
   if (small_grid()) GTEST_SKIP() << "too long under compute-sanitizer";
   const ScopedEnv splits("FLASHTILE_TF32X3_SPLITS", "2");
-  AttentionCase c(shape_of(1, 131072, 131072, 1, 1, 64));
-  DeviceCase d(c);
-  ASSERT_EQ(kernel_for(c, d), Tf32x3Kernel::wgmma);
-  d.run(c, kTf32x3);
-  testing::expect_rows_match_oracle(c, {0, 77777, 131071});
+  expect_long_sequence_on_one_head();
 }
 
 // d=128's two schedules run the same products in the same order on the same planes, so
