@@ -10,6 +10,8 @@
 //   forward s=N  the forward kernel alone, N key splits (hold in front; N = 1 writes out)
 //   combine      the split-KV combine alone, after a forward of --splits splits
 //   pair ...     forward + combine, normal launch and programmatic dependent launch
+//   wgmma ...    the same on the wgmma kernel (sm_90a), and its split forward that merges
+//                its own partials behind a grid barrier (a cooperative launch, no combine)
 //   host: ...    the host steps of one call on their own, each the mean of a batch of calls
 //                (median of 15 batches): the validator, plan() (validator, backend choice,
 //                split plan), the device guard (cudaGetDevice + two cudaSetDevice), a
@@ -213,6 +215,10 @@ int main(int argc, char** argv) {
       detail::tf32x3::run_tf32x3_sm90_forward<64>(p, a, stream);
       detail::launch_split_kv_combine<float>(p, a.partials, stream, true);
     });
+    detail::tf32x3::SplitArgs merged = a;  // 2c.5: the splits merge behind a grid barrier
+    merged.merge_in_grid = true;
+    time_us("wgmma s=16, merged in grid", true,
+            [&] { detail::tf32x3::run_tf32x3_sm90_forward<64>(p, merged, stream); });
   }
 #endif
   // The host steps, each timed over batches of calls with the GPU left to drain between

@@ -48,6 +48,7 @@ inline ComputeCapability compute_capability(int device_index) {
 struct DeviceFacts {
   ComputeCapability cc;
   int sms = 0, smem_per_sm = 0, smem_optin = 0;
+  bool cooperative_launch = false;  // a grid whose CTAs all run at once, with a grid barrier
 };
 inline DeviceFacts read_device_facts(int device, const ComputeCapability& cc) {
   DeviceFacts facts;
@@ -60,6 +61,10 @@ inline DeviceFacts read_device_facts(int device, const ComputeCapability& cc) {
   check_cuda(cudaDeviceGetAttribute(&facts.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                     device),
              "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  int cooperative = 0;
+  check_cuda(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device),
+             "cudaDeviceGetAttribute(CooperativeLaunch)");
+  facts.cooperative_launch = cooperative != 0;
   return facts;
 }
 // The facts of `device`, read once; null, with `why` set, when the device cannot be queried

@@ -88,30 +88,24 @@ __device__ __forceinline__ void store_output(__nv_bfloat16* to, float x) {
   *to = __float2bfloat16_rn(x);
 }
 
-// One warp per row. Every lane loads the row's LSEs and its own columns of every partial
-// first (all loads independent, one memory round trip), weighs the partials with
-// combine_partials_unrolled (registers only: the split count is bounded by kMaxSplits at
-// compile time) and sums its columns. Lane l holds the column pairs 2l + 64j of the
-// workspace row (pitch <= 64 · kPairsPerLane), so a warp's loads of one split are whole
-// 256-byte lines. Grid: x = query blocks · (block_m / rows per CTA), y = heads, z = batch;
-// kRowsPerCta rows per CTA.
-template <class T, int kRowsPerCta, int kPairsPerLane>
-__global__ void __launch_bounds__(kRowsPerCta * 32)
-    combine_split_kv_kernel(const AttentionParams p, const SplitPartials parts) {
-  const int lane = threadIdx.x % 32;
-  const int ctas_per_block = parts.block_m / kRowsPerCta;
-  const int query_block = blockIdx.x / ctas_per_block;
-  const int local_row = (blockIdx.x % ctas_per_block) * kRowsPerCta + threadIdx.x / 32;
-  const int64_t h = blockIdx.y, b = blockIdx.z;
-  const SeqlenInfo<int> seq(p, b);
+// One row of a split forward merged by one warp: every lane loads the row's LSEs and its
+// own columns of every partial first (all loads independent, one memory round trip), weighs
+// the partials with combine_partials_unrolled (registers only: the split count is bounded
+// by kMaxSplits at compile time) and sums its columns. Lane l holds the column pairs 2l + 64j
+// of the workspace row (pitch <= 64 · kPairsPerLane), so a warp's loads of one split are
+// whole 256-byte lines. The loads skip L1 (ld.global.cg): a forward kernel that merges its
+// own grid's partials (cuda_tf32x3, 2c.5) reads lines other SMs have just written.
+// kSplits > 0: parts.splits is known to be kSplits, so every split test folds away (the
+// in-kernel merge runs this once per CTA with a cold instruction cache: less code is faster).
+template <class T, int kPairsPerLane, int kSplits = 0>
+__device__ __forceinline__ void combine_row(const AttentionParams& p, const SplitPartials& parts,
+                                            const SeqlenInfo<int>& seq, const Mask<int>& mask,
+                                            int64_t b, int64_t h, int query_block, int local_row,
+                                            int lane) {
+  static_assert(kSplits >= 0 && kSplits <= kMaxSplits, "at most kMaxSplits splits");
   const int row = query_block * parts.block_m + local_row;
-  if (row >= seq.seqlen_q) return;
-  const Mask<int> mask = seq.mask(p);
   const int64_t tile = parts.tile(b, h, p.heads_q, query_block);
-  const int splits = parts.splits;
-  // Everything above reads only p; the partials exist once the forward grid is done.
-  wait_for_prerequisite_grids();
-
+  const int splits = kSplits > 0 ? kSplits : parts.splits;
   // Split s + 1 of this row lies block_m rows after split s.
   const float* lse_of_split = parts.lse + parts.row_index(tile, 0, local_row);
   const float* out_of_split = parts.out_row(tile, 0, local_row) + 2 * lane;  // pair j = 0
@@ -123,11 +117,11 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
   float2 partial_out[kMaxSplits][kPairsPerLane];  // (split, this lane's column pair j)
 #pragma unroll
   for (int s = 0; s < kMaxSplits; ++s) {
-    partial_lse[s] = s < splits ? *lse_of_split : 0.0f;
+    partial_lse[s] = s < splits ? __ldcg(lse_of_split) : 0.0f;
 #pragma unroll
     for (int j = 0; j < kPairsPerLane; ++j)
       partial_out[s][j] = s < splits && pair_in_row[j]
-                              ? *reinterpret_cast<const float2*>(out_of_split + 64 * j)
+                              ? __ldcg(reinterpret_cast<const float2*>(out_of_split + 64 * j))
                               : make_float2(0.0f, 0.0f);
     lse_of_split += parts.block_m;
     out_of_split += out_split_stride;
@@ -152,6 +146,24 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
     if (col + 1 < p.head_dim) store_output(out_row + col + 1, x1);
   }
   if (p.lse != nullptr && lane == 0) p.lse[seq.lse_index(p, b, h, row)] = row_lse;
+}
+
+// The combine as its own kernel: one warp per row (combine_row). Grid: x = query blocks ·
+// (block_m / rows per CTA), y = heads, z = batch; kRowsPerCta rows per CTA.
+template <class T, int kRowsPerCta, int kPairsPerLane>
+__global__ void __launch_bounds__(kRowsPerCta * 32)
+    combine_split_kv_kernel(const AttentionParams p, const SplitPartials parts) {
+  const int lane = threadIdx.x % 32;
+  const int ctas_per_block = parts.block_m / kRowsPerCta;
+  const int query_block = blockIdx.x / ctas_per_block;
+  const int local_row = (blockIdx.x % ctas_per_block) * kRowsPerCta + threadIdx.x / 32;
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const SeqlenInfo<int> seq(p, b);
+  if (query_block * parts.block_m + local_row >= seq.seqlen_q) return;
+  const Mask<int> mask = seq.mask(p);
+  // Everything above reads only p; the partials exist once the forward grid is done.
+  wait_for_prerequisite_grids();
+  combine_row<T, kPairsPerLane>(p, parts, seq, mask, b, h, query_block, local_row, lane);
 }
 
 // Merges `parts` into p.o and p.lse on `stream`. overlap_with_producer: launch it as a

@@ -360,6 +360,84 @@ TEST(CudaTf32x3Sm90, SplitCallsRepeatBitwise) {
   }
 }
 
+// The d=64 kernel's in-kernel merge (2c.5) against the combine kernel: the same partials
+// weighed by the same combine_row, so outputs and LSEs agree bitwise, and both match the
+// oracle. The write-up's case as planned, split counts that divide 128 rows, variants (the
+// NaN rule and the sink applied once), and a varlen batch whose empty and short sequences
+// leave CTAs idle (they still meet the grid barrier).
+TEST(CudaTf32x3Sm90, MergeInGridAgreesWithCombineBitwise) {
+  SKIP_WITHOUT_WGMMA();
+  struct Case {
+    Shape shape;
+    const char* splits;  // FLASHTILE_TF32X3_SPLITS (nullptr: the selector's)
+  };
+  std::vector<Case> cases = {{shape_of(1, 1024, 1024, 1, 1, 64), nullptr},
+                             {shape_of(1, 200, 3000, 2, 1, 64), "16"},
+                             {shape_of(2, 129, 700, 3, 3, 64), "8"}};
+  {
+    Shape s = shape_of(1, 250, 1100, 4, 2, 64);
+    s.causal = true, s.softcap = 15.0f, s.sinks = true;
+    cases.push_back({s, "4"});
+    Shape w = shape_of(1, 300, 300, 2, 2, 64);
+    w.window = {50, 0}, w.alibi = true;
+    cases.push_back({w, "2"});
+    const testing::VarlenBatch& batch = testing::varlen_batches()[1];  // empty and 1-row ones
+    Shape v = testing::with_variant(shape_of(1, 0, 0, 2, 1, 64), testing::varlen_variants().back());
+    v.varlen_q = batch.q, v.varlen_k = batch.k, v.seqused_k = batch.used;
+    cases.push_back({v, "2"});
+  }
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.shape.describe() + " splits=" + (k.splits ? k.splits : "(selector)"));
+    const ScopedEnv splits("FLASHTILE_TF32X3_SPLITS", k.splits);
+    AttentionCase c(k.shape);
+    DeviceCase d(c);
+    // The validated params of this call, as the backend sees them (varlen too).
+    const Options o = d.options(c, kTf32x3);
+    const std::optional<Varlen> varlen = d.varlen(c);
+    const detail::AttentionParams p = detail::validate(
+        {d.q.view, d.k.view, d.v.view, &d.out.view, varlen ? &*varlen : nullptr, o});
+    {
+      const ScopedEnv merge("FLASHTILE_TF32X3_MERGE", nullptr);
+      ASSERT_EQ(detail::tf32x3_kernel_for(p), Tf32x3Kernel::wgmma);
+      ASSERT_TRUE(detail::tf32x3_merges_in_grid_for(p));
+      d.run(c, kTf32x3);
+      EXPECT_TRUE(testing::matches_oracle(c)) << "merged in grid";
+    }
+    const testing::HostBytes merged_out = c.out.bytes;
+    const std::vector<float> merged_lse = c.lse;
+    {
+      const ScopedEnv merge("FLASHTILE_TF32X3_MERGE", "combine");
+      ASSERT_FALSE(detail::tf32x3_merges_in_grid_for(p));
+      d.poison();
+      d.run(c, kTf32x3);
+      EXPECT_TRUE(testing::matches_oracle(c)) << "combine kernel";
+    }
+    EXPECT_EQ(c.out.bytes, merged_out) << "outputs differ between the merges";
+    EXPECT_EQ(std::memcmp(c.lse.data(), merged_lse.data(), c.lse.size() * sizeof(float)), 0)
+        << "LSEs differ between the merges";
+  }
+  // A grid the GPU cannot hold at once keeps the combine kernel (no cooperative launch).
+  const ScopedEnv splits("FLASHTILE_TF32X3_SPLITS", "16");
+  AttentionCase c(shape_of(4, 1024, 1024, 8, 8, 64));
+  DeviceCase d(c);
+  const Options o = d.options(c, kTf32x3);
+  const detail::AttentionParams p =
+      detail::validate({d.q.view, d.k.view, d.v.view, &d.out.view, nullptr, o});
+  EXPECT_FALSE(detail::tf32x3_merges_in_grid_for(p));
+  // A FLASHTILE_TF32X3_MERGE that names no merge is refused by name, before anything runs.
+  AttentionCase small(shape_of(1, 200, 200, 1, 1, 64));
+  DeviceCase ds(small);
+  const ScopedEnv bad("FLASHTILE_TF32X3_MERGE", "sideways");
+  try {
+    ds.run(small, kTf32x3);
+    ADD_FAILURE() << "no error for FLASHTILE_TF32X3_MERGE=sideways";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("FLASHTILE_TF32X3_MERGE"), std::string::npos) << what;
+    EXPECT_NE(what.find("sideways"), std::string::npos) << what;
+  }
+}
+
 // N = 131072 on one head with its keys split in two on the wgmma path (the selector itself
 // does not split it: 1024 query blocks fill the chip), sampled rows against the oracle.
 TEST(CudaTf32x3Sm90, LongSequenceSplitOnOneHead) {

@@ -15,6 +15,9 @@
 //                              wgmma kernel for every call it covers, split or not (2c.3)
 //   FLASHTILE_TF32X3_SM90_SCHEDULE=pingpong|together  the order of the wgmma path's two
 //                              warpgroups at d=128 (sm90.hpp)
+//   FLASHTILE_TF32X3_MERGE=combine  a split call's partials always go to the combine kernel;
+//                              "auto" (default): the d=64 wgmma kernel merges them itself
+//                              behind a grid barrier where its grid fits the GPU at once (2c.5)
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -128,6 +131,14 @@ struct SplitPlan {
   }
 };
 
+// CTAs of the kernel with geometry `geo` that the device holds at once (at least one a SM).
+int64_t resident_ctas(const AttentionParams& p, const Geometry& geo) {
+  const DeviceFacts& facts = device_facts(p.device_index);
+  const int by_smem = facts.smem_per_sm / geo.smem_bytes;
+  const int ctas_per_sm = by_smem < geo.ctas_per_sm ? by_smem : geo.ctas_per_sm;
+  return int64_t(facts.sms) * (ctas_per_sm > 0 ? ctas_per_sm : 1);
+}
+
 // Splits when the (query block, head, batch) tiles of the kernel with geometry `geo` cannot
 // fill the SMs (CTAs that fit at once: SMs x CTAs per SM), as choose_splits decides for
 // cpu_flash's threads. The write-up's case (1024 rows, d=64) on the wgmma kernel: 8 query
@@ -141,12 +152,8 @@ SplitPlan split_plan(const AttentionParams& p, const Geometry& geo) {
     plan.splits = pinned;
     return plan;
   }
-  const DeviceFacts& facts = device_facts(p.device_index);
-  const int sms = facts.sms;
-  const int by_smem = facts.smem_per_sm / plan.geo.smem_bytes;
-  const int ctas_per_sm = by_smem < plan.geo.ctas_per_sm ? by_smem : plan.geo.ctas_per_sm;
   const int64_t key_blocks = (p.seqlen_k + plan.geo.block_n - 1) / plan.geo.block_n;
-  plan.splits = choose_splits(plan.tiles, key_blocks, int64_t(sms) * (ctas_per_sm > 0 ? ctas_per_sm : 1),
+  plan.splits = choose_splits(plan.tiles, key_blocks, resident_ctas(p, plan.geo),
                               kMinBlocksPerSplit, kMaxSplits);
   return plan;
 }
@@ -205,10 +212,33 @@ Geometry sm90_geometry(int64_t head_dim) {
 }
 #endif
 
-// A call's kernel and the split plan worked out for that kernel's tile.
+// FLASHTILE_TF32X3_MERGE (read only where the wgmma path runs a split call).
+bool merge_in_grid_allowed() {
+  const char* value = std::getenv("FLASHTILE_TF32X3_MERGE");
+  if (value == nullptr || *value == '\0' || std::string(value) == "auto") return true;
+  if (std::string(value) == "combine") return false;
+  throw Error(ErrorKind::invalid_argument,
+              std::string("FLASHTILE_TF32X3_MERGE must be \"auto\" or \"combine\"; got \"") +
+                  value + "\"");
+}
+
+// Whether a split call on the d=64 wgmma kernel (the overlapped pipeline, the only one with
+// the in-kernel merge) merges its partials itself: each split takes block_m / splits rows,
+// and the grid barrier needs every CTA resident at once (a cooperative launch).
+bool merges_in_grid(const AttentionParams& p, const SplitPlan& split) {
+  const bool kernel_has_it = split.splits == 2 || split.splits == 4 || split.splits == 8 ||
+                            split.splits == 16;  // merge_in_grid's copies
+  if (!kernel_has_it || p.head_dim != 64 || split.geo.block_m % split.splits != 0) return false;
+  if (!device_facts(p.device_index).cooperative_launch) return false;
+  return split.tiles * split.splits <= resident_ctas(p, split.geo) && merge_in_grid_allowed();
+}
+
+// A call's kernel, the split plan worked out for that kernel's tile, and where the splits
+// are merged.
 struct CallPlan {
   Tf32x3Kernel kernel = Tf32x3Kernel::mma_sync;
   SplitPlan split;
+  bool merge_in_grid = false;
 };
 
 // Which kernel a call runs (selection.hpp), and its split plan. The wgmma path (step 2c)
@@ -228,13 +258,14 @@ CallPlan call_plan(const AttentionParams& p, tf32x3::Precision precision) {
     const WgmmaPath path = wgmma_path_from_environment();
     if (path != WgmmaPath::never) {
       const SplitPlan split = split_plan(p, sm90_geometry(p.head_dim));
-      if (path == WgmmaPath::every_call || split.splits == 1) return {Tf32x3Kernel::wgmma, split};
+      if (path == WgmmaPath::every_call || split.splits == 1)
+        return {Tf32x3Kernel::wgmma, split, merges_in_grid(p, split)};
     }
   }
 #else
   (void)precision;
 #endif
-  return {Tf32x3Kernel::mma_sync, split_plan(p, geometry(p.head_dim))};
+  return {Tf32x3Kernel::mma_sync, split_plan(p, geometry(p.head_dim)), false};
 }
 
 int64_t tf32x3_workspace_bytes(const AttentionParams& p) {
@@ -249,6 +280,9 @@ Tf32x3Kernel tf32x3_kernel_for(const AttentionParams& p) {
 }
 int tf32x3_splits_for(const AttentionParams& p) {
   return call_plan(p, precision_from_environment()).split.splits;
+}
+bool tf32x3_merges_in_grid_for(const AttentionParams& p) {
+  return call_plan(p, precision_from_environment()).merge_in_grid;
 }
 
 namespace {
@@ -284,11 +318,13 @@ void run_tf32x3(const AttentionParams& p) {
              "cudaMallocFromPoolAsync(cuda_tf32x3 split-KV workspace)");
   args.partials = SplitPartials::at(workspace, plan.tiles, plan.splits, plan.geo.block_m,
                                     plan.geo.head_dim, plan.query_blocks);
+  args.merge_in_grid = call.merge_in_grid;
   try {
     forward(args);
     // sm_90+: the combine's launch overlaps the forward's tail (the forward kernel allows it).
-    launch_split_kv_combine<float>(p, args.partials, stream,
-                                   device_facts(p.device_index).cc.number() >= 90);
+    if (!args.merge_in_grid)
+      launch_split_kv_combine<float>(p, args.partials, stream,
+                                     device_facts(p.device_index).cc.number() >= 90);
   } catch (...) {
     cudaFreeAsync(workspace, stream);
     throw;

@@ -167,24 +167,39 @@ __device__ __forceinline__ void load_tile(float* tile, const float* src, int64_t
   }
 }
 
-// The 3xTF32 split of four values (a 16-byte chunk of a tile, or a P fragment): the
-// finite-only rounding when all four are finite (every group but those that meet an Inf or
-// a NaN; the same bits either way), behind one test.
-__device__ __forceinline__ void split4(const float (&x)[4], uint32_t (&big)[4],
-                                       uint32_t (&small)[4]) {
-  if (ptx::all_finite(x[0], x[1], x[2], x[3])) {
+// The 3xTF32 split of N values: the finite-only rounding when all N are finite (the same
+// bits as split_tf32 there), behind one test; a group that meets an Inf or a NaN takes
+// split_tf32. One test over a whole fragment or a thread's chunks keeps the rare branch out
+// of the straight-line code, which a one-tile CTA executes once, i-cache cold (2c.5).
+template <int N>
+__device__ __forceinline__ void split_tf32x3(const float (&x)[N], uint32_t (&big)[N],
+                                             uint32_t (&small)[N]) {
+  bool finite = ptx::all_finite(x[0]);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
+  for (int e = 1; e < N; ++e) finite = finite & ptx::all_finite(x[e]);
+  if (finite) {
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
       const ptx::Tf32Split parts = ptx::split_tf32_finite(x[e]);
       big[e] = parts.big, small[e] = parts.small;
     }
   } else {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
+    for (int e = 0; e < N; ++e) {
       const ptx::Tf32Split parts = ptx::split_tf32(x[e]);
       big[e] = parts.big, small[e] = parts.small;
     }
   }
+}
+// An array of arrays seen as one flat array (the same registers), for split_tf32x3.
+template <class T, int M, int N>
+__device__ __forceinline__ T (&flat(T (&a)[M][N]))[M * N] {
+  return *reinterpret_cast<T(*)[M * N]>(&a[0][0]);
+}
+// A 16-byte chunk of a tile, or a P fragment.
+__device__ __forceinline__ void split4(const float (&x)[4], uint32_t (&big)[4],
+                                       uint32_t (&small)[4]) {
+  split_tf32x3<4>(x, big, small);
 }
 
 // Splits the raw fp32 rows of a shared tile (loaded into `big`, pitch kPitch) in place: big
@@ -218,6 +233,9 @@ __device__ __forceinline__ void split_tile(float* big, float* small) {
 struct SplitArgs {
   int splits = 1;
   SplitPartials partials;  // used when splits > 1
+  // The split CTAs merge their partials themselves, after a grid barrier, instead of a
+  // combine kernel (only tf32x3_sm90_overlap_kernel, launched cooperatively: 2c.5).
+  bool merge_in_grid = false;
 };
 
 template <class Cfg, class Logits, bool kAligned, Precision kPrecision>

@@ -14,5 +14,8 @@ enum class Tf32x3Kernel {
 Tf32x3Kernel tf32x3_kernel_for(const AttentionParams& p);
 // The key splits that call runs with (1: none), worked out for that kernel's tile.
 int tf32x3_splits_for(const AttentionParams& p);
+// Whether that call's splits merge inside the forward kernel (a grid barrier, 2c.5) rather
+// than in the split-KV combine kernel.
+bool tf32x3_merges_in_grid_for(const AttentionParams& p);
 
 }  // namespace flashtile::detail

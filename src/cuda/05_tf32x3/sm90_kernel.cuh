@@ -47,6 +47,8 @@
 // double oracle 1.4e-7..2.5e-7, as step 2b's.
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -163,6 +165,21 @@ __device__ __forceinline__ void split_chunk_to(unsigned char* big, unsigned char
   *reinterpret_cast<uint4*>(small) = make_uint4(s[0], s[1], s[2], s[3]);
 }
 
+// kCount chunks a thread has gathered (x), split behind one finiteness test and written to
+// the shared addresses big_at / small_at of their two planes.
+template <int kCount, class Smem>
+__device__ __forceinline__ void split_chunks_to(const Smem& sm, const float (&x)[kCount][4],
+                                                const uint32_t (&big_at)[kCount],
+                                                const uint32_t (&small_at)[kCount]) {
+  uint32_t b[kCount][4], s[kCount][4];
+  split_tf32x3<kCount * 4>(flat(x), flat(b), flat(s));
+#pragma unroll
+  for (int c = 0; c < kCount; ++c) {
+    *reinterpret_cast<uint4*>(sm.at(big_at[c])) = make_uint4(b[c][0], b[c][1], b[c][2], b[c][3]);
+    *reinterpret_cast<uint4*>(sm.at(small_at[c])) = make_uint4(s[c][0], s[c][1], s[c][2], s[c][3]);
+  }
+}
+
 // Q rows [0, kBlockM) (row 0 at src) straight into the swizzled big plane by cp.async,
 // rows >= valid_rows zero-filled; split in place afterwards (split_q).
 template <class Cfg>
@@ -180,17 +197,27 @@ __device__ __forceinline__ void load_q_swizzled(uint32_t q_big, const float* src
 }
 
 // Q's big plane holds raw fp32 values: each thread splits the chunks it loaded itself (the
-// same ids as load_q_swizzled), big back in place, small into the small plane.
+// same ids as load_q_swizzled), big back in place, small into the small plane, up to 8
+// chunks behind one test.
 template <class Cfg>
 __device__ __forceinline__ void split_q(const Tf32Sm90Smem<Cfg>& sm) {
   constexpr int kPasses = Cfg::kBlockM * Cfg::kChunks / Cfg::kThreads;
+  constexpr int kBatch = kPasses < 8 ? kPasses : 8;
+  static_assert(kPasses % kBatch == 0, "whole batches of chunks");
 #pragma unroll
-  for (int pass = 0; pass < kPasses; ++pass) {
-    const int id = static_cast<int>(threadIdx.x) + pass * Cfg::kThreads;
-    const uint32_t offset = sm90::swizzled_offset<Cfg::kBlockM>(id / Cfg::kChunks, id % Cfg::kChunks);
-    unsigned char* big = sm.at(sm.q_big + offset);
-    const float4 x4 = *reinterpret_cast<const float4*>(big);
-    split_chunk_to(big, sm.at(sm.q_small + offset), {x4.x, x4.y, x4.z, x4.w});
+  for (int first = 0; first < kPasses; first += kBatch) {
+    float x[kBatch][4];
+    uint32_t big_at[kBatch], small_at[kBatch];
+#pragma unroll
+    for (int c = 0; c < kBatch; ++c) {
+      const int id = static_cast<int>(threadIdx.x) + (first + c) * Cfg::kThreads;
+      const uint32_t offset =
+          sm90::swizzled_offset<Cfg::kBlockM>(id / Cfg::kChunks, id % Cfg::kChunks);
+      big_at[c] = sm.q_big + offset, small_at[c] = sm.q_small + offset;
+      const float4 x4 = *reinterpret_cast<const float4*>(sm.at(big_at[c]));
+      x[c][0] = x4.x, x[c][1] = x4.y, x[c][2] = x4.z, x[c][3] = x4.w;
+    }
+    split_chunks_to<kBatch>(sm, x, big_at, small_at);
   }
 }
 
@@ -199,18 +226,32 @@ __device__ __forceinline__ void split_q(const Tf32Sm90Smem<Cfg>& sm) {
 // very chunks load_tile gave it (the overlapped pipeline relies on it to reload the staging
 // without a barrier).
 template <class Cfg>
-__device__ __forceinline__ void split_own_k(const Tf32Sm90Smem<Cfg>& sm, int set) {
+constexpr int kOwnKChunks = Cfg::kBlockN * Cfg::kChunks / Cfg::kThreads;
+template <class Cfg, int kFirst, int kSlots>
+__device__ __forceinline__ void gather_own_k(const Tf32Sm90Smem<Cfg>& sm, int set,
+                                             float (&x)[kSlots][4], uint32_t (&big_at)[kSlots],
+                                             uint32_t (&small_at)[kSlots]) {
   constexpr int kD = Cfg::kHeadDim;
-  constexpr int kPasses = Cfg::kBlockN * Cfg::kChunks / Cfg::kThreads;
+  static_assert(kFirst + kOwnKChunks<Cfg> <= kSlots, "room for the K chunks");
 #pragma unroll
-  for (int pass = 0; pass < kPasses; ++pass) {
+  for (int pass = 0; pass < kOwnKChunks<Cfg>; ++pass) {
     const int id = static_cast<int>(threadIdx.x) + pass * Cfg::kThreads;
     const int row = id / Cfg::kChunks, chunk = id % Cfg::kChunks;
     const float4 x4 = *reinterpret_cast<const float4*>(sm.k_raw_ptr + row * kD + chunk * 4);
     const uint32_t offset = sm90::swizzled_offset<Cfg::kBlockN>(row, chunk);
-    split_chunk_to(sm.at(sm.k_big(set) + offset), sm.at(sm.k_small(set) + offset),
-                   {x4.x, x4.y, x4.z, x4.w});
+    float(&to)[4] = x[kFirst + pass];
+    to[0] = x4.x, to[1] = x4.y, to[2] = x4.z, to[3] = x4.w;
+    big_at[kFirst + pass] = sm.k_big(set) + offset;
+    small_at[kFirst + pass] = sm.k_small(set) + offset;
   }
+}
+template <class Cfg>
+__device__ __forceinline__ void split_own_k(const Tf32Sm90Smem<Cfg>& sm, int set) {
+  constexpr int kCount = kOwnKChunks<Cfg>;
+  float x[kCount][4];
+  uint32_t big_at[kCount], small_at[kCount];
+  gather_own_k<Cfg, 0>(sm, set, x, big_at, small_at);
+  split_chunks_to<kCount>(sm, x, big_at, small_at);
 }
 
 // The first pipeline's split: the staged raw K and V rows (row-major, pitch d) into the
@@ -345,12 +386,14 @@ struct Tf32Sm90Consumer {
   // (corrections first) and added to O in fp32 round-to-nearest.
   __device__ __forceinline__ void accumulate_pv(uint32_t vt_big, uint32_t vt_small) {
     float(&st)[1][kNTiles][4] = as_mma_tiles<kNTiles>(s);
-    uint32_t pa_big[Cfg::kPVSteps][4], pa_small[Cfg::kPVSteps][4];
+    float pa[Cfg::kPVSteps][4];  // A's order, split with one test for the whole tile
 #pragma unroll
     for (int kk = 0; kk < Cfg::kPVSteps; ++kk) {
-      const float pv4[4] = {st[0][kk][0], st[0][kk][2], st[0][kk][1], st[0][kk][3]};
-      split4(pv4, pa_big[kk], pa_small[kk]);
+      pa[kk][0] = st[0][kk][0], pa[kk][1] = st[0][kk][2];
+      pa[kk][2] = st[0][kk][1], pa[kk][3] = st[0][kk][3];
     }
+    uint32_t pa_big[Cfg::kPVSteps][4], pa_small[Cfg::kPVSteps][4];
+    split_tf32x3<Cfg::kPVSteps * 4>(flat(pa), flat(pa_big), flat(pa_small));
     float pv[kORegs];
     ptx::wgmma_fence();
 #pragma unroll
@@ -467,6 +510,37 @@ struct Tf32Sm90Work {
       consumer.store(p, seq, mask, b, h, row_start);
     }
   }
+  // The in-kernel merge (split_args.merge_in_grid): once every CTA of the grid has written
+  // its partial, the splits of this query block share its rows, split s taking rows
+  // s·(block_m / splits) onwards, one warp a row, as the combine kernel would (combine_row).
+  // Every CTA meets the grid barrier, an idle one too (with no rows: merge_rows = false).
+  template <int kHeadDim>
+  __device__ __forceinline__ void merge_in_grid(const AttentionParams& p,
+                                                const SplitArgs& split_args,
+                                                bool merge_rows) const {
+    cooperative_groups::this_grid().sync();
+    if (!merge_rows) return;
+    // The host allows split counts that divide block_m (128): each gets its own copy.
+    switch (split_args.partials.splits) {
+      case 2: return merge_rows_of_split<kHeadDim, 2>(p, split_args.partials);
+      case 4: return merge_rows_of_split<kHeadDim, 4>(p, split_args.partials);
+      case 8: return merge_rows_of_split<kHeadDim, 8>(p, split_args.partials);
+      case 16: return merge_rows_of_split<kHeadDim, 16>(p, split_args.partials);
+      default: __trap();  // (merges_in_grid in backend.cu never asks for another count)
+    }
+  }
+  template <int kHeadDim, int kSplits>
+  __device__ __forceinline__ void merge_rows_of_split(const AttentionParams& p,
+                                                      const SplitPartials& parts) const {
+    const int rows = parts.block_m / kSplits;
+    const int warp = static_cast<int>(threadIdx.x / 32), warps = static_cast<int>(blockDim.x / 32);
+    for (int r = warp; r < rows; r += warps) {
+      const int local_row = split * rows + r;
+      if (row_start + local_row >= seq.seqlen_q) break;
+      combine_row<float, (kHeadDim + 63) / 64, kSplits>(p, parts, seq, mask, b, h, query_block,
+                                                        local_row, static_cast<int>(threadIdx.x % 32));
+    }
+  }
   // This block's Q rows into the big Q plane, swizzled (cp.async; the caller commits).
   template <class Cfg>
   __device__ __forceinline__ void load_q(const AttentionParams& p, uint32_t q_big) const {
@@ -573,11 +647,15 @@ __device__ __forceinline__ void load_v_blocks(float* v_raw, const float* src, in
 
 // The split of a tile's V, each thread its own staged chunks (the overlapped pipeline): its
 // 4x4 block (load_v_blocks) transposed into four Vᵀ chunks (rows 4c .. 4c + 3, chunk cc; a
-// quarter-warp's stores fill one 128-byte row) of set `set`'s Vᵀ planes.
-template <class Cfg>
-__device__ __forceinline__ void split_own_v(const Tf32Sm90Smem<Cfg>& sm, int set) {
+// quarter-warp's stores fill one 128-byte row) of set `set`'s Vᵀ planes, gathered here into
+// slots kFirst .. kFirst + 3.
+template <class Cfg, int kFirst, int kSlots>
+__device__ __forceinline__ void gather_own_v(const Tf32Sm90Smem<Cfg>& sm, int set,
+                                             float (&x)[kSlots][4], uint32_t (&big_at)[kSlots],
+                                             uint32_t (&small_at)[kSlots]) {
   constexpr int kD = Cfg::kHeadDim;
   constexpr int kVtChunks = Cfg::kBlockN / 4;
+  static_assert(kFirst + 4 <= kSlots, "room for the four Vᵀ chunks");
   const int tid = static_cast<int>(threadIdx.x);
   const int cc = tid % kVtChunks, c = tid / kVtChunks;
   const float4* block = reinterpret_cast<const float4*>(sm.v_raw_ptr) + tid;
@@ -590,15 +668,22 @@ __device__ __forceinline__ void split_own_v(const Tf32Sm90Smem<Cfg>& sm, int set
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const uint32_t offset = sm90::swizzled_offset<kD>(4 * c + e, cc);
-    split_chunk_to(sm.at(sm.vt_big(set) + offset), sm.at(sm.vt_small(set) + offset), dims[e]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[kFirst + e][i] = dims[e][i];
+    big_at[kFirst + e] = sm.vt_big(set) + offset;
+    small_at[kFirst + e] = sm.vt_small(set) + offset;
   }
 }
 
-// The overlapped pipeline's split of the next tile: K, then V.
+// The overlapped pipeline's split of the next tile: its K and V chunks behind one test.
 template <class Cfg>
 __device__ __forceinline__ void split_own_kv(const Tf32Sm90Smem<Cfg>& sm, int set) {
-  split_own_k<Cfg>(sm, set);
-  split_own_v<Cfg>(sm, set);
+  constexpr int kCount = kOwnKChunks<Cfg> + 4;
+  float x[kCount][4];
+  uint32_t big_at[kCount], small_at[kCount];
+  gather_own_k<Cfg, 0>(sm, set, x, big_at, small_at);
+  gather_own_v<Cfg, kOwnKChunks<Cfg>>(sm, set, x, big_at, small_at);
+  split_chunks_to<kCount>(sm, x, big_at, small_at);
 }
 
 // The overlapped pipeline (d=64): two sets of planes. While S(j) runs on the tensor cores,
@@ -616,7 +701,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // every CTA of this grid has started; it still waits for the whole grid to finish.
   allow_dependent_launch();
   const Tf32Sm90Work work(p, split_args.splits, Cfg::kBlockM, kBlockN);
-  if (work.idle()) return;
+  if (work.idle()) {
+    if (split_args.merge_in_grid) work.merge_in_grid<kD>(p, split_args, false);
+    return;
+  }
   const int n_tiles = work.blocks.count();
   const SeqlenInfo<int>& seq = work.seq;
   const float* k_head = work.k_head(p);
@@ -661,6 +749,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   ptx::cp_async_wait<0>();  // only empty groups remain
   work.store(p, split_args, consumer);
+  if (split_args.merge_in_grid) work.merge_in_grid<kD>(p, split_args, true);
 }
 
 // One kernel's launch: its shared memory raised once per device, one CTA per (split, query
@@ -673,7 +762,21 @@ void launch_tf32x3_sm90(const AttentionParams& p, const SplitArgs& split_args,
   const int query_blocks = static_cast<int>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
   const dim3 grid(static_cast<unsigned>(query_blocks * split_args.splits),
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
-  kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, split_args);
+  if (split_args.merge_in_grid) {  // every CTA resident at once, for the grid barrier
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(Cfg::kThreads);
+    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.stream = stream;
+    cudaLaunchAttribute cooperative = {};
+    cooperative.id = cudaLaunchAttributeCooperative;
+    cooperative.val.cooperative = 1;
+    config.attrs = &cooperative;
+    config.numAttrs = 1;
+    check_cuda(cudaLaunchKernelEx(&config, kKernel, p, split_args), name);
+  } else {
+    kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, split_args);
+  }
   check_launch(name);
 }
 
