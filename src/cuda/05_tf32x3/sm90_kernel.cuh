@@ -182,17 +182,30 @@ __device__ __forceinline__ void split_chunks_to(const Smem& sm, const float (&x)
 
 // Q rows [0, kBlockM) (row 0 at src) straight into the swizzled big plane by cp.async,
 // rows >= valid_rows zero-filled; split in place afterwards (split_q).
+// A thread's chunk `pass` of a tile it covers with the whole CTA, kChunks chunks a row: row
+// row0 + pass · (kThreads / kChunks), chunk `chunk` (the same for every pass). From the
+// unsigned thread index, so that the compiler sees the rows step by a constant.
+template <class Cfg>
+struct OwnChunks {
+  static constexpr int kPassRows = Cfg::kThreads / Cfg::kChunks;
+  int row0 = static_cast<int>(threadIdx.x / Cfg::kChunks);
+  int chunk = static_cast<int>(threadIdx.x % Cfg::kChunks);
+  __device__ __forceinline__ int row(int pass) const { return row0 + pass * kPassRows; }
+};
+
 template <class Cfg>
 __device__ __forceinline__ void load_q_swizzled(uint32_t q_big, const float* src,
                                                 int64_t row_stride, int valid_rows) {
   constexpr int kPasses = Cfg::kBlockM * Cfg::kChunks / Cfg::kThreads;
+  const OwnChunks<Cfg> own;
+  const float* from = src + own.row0 * row_stride + own.chunk * 4;
+  const int64_t pass_stride = OwnChunks<Cfg>::kPassRows * row_stride;
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
-    const int id = static_cast<int>(threadIdx.x) + pass * Cfg::kThreads;
-    const int row = id / Cfg::kChunks, chunk = id % Cfg::kChunks;
-    const bool ok = row < valid_rows;
-    ptx::cp_async_16(q_big + sm90::swizzled_offset<Cfg::kBlockM>(row, chunk),
-                     ok ? src + row * row_stride + chunk * 4 : src, ok);
+    const bool ok = own.row(pass) < valid_rows;
+    ptx::cp_async_16(q_big + sm90::swizzled_offset<Cfg::kBlockM>(own.row(pass), own.chunk),
+                     ok ? from : src, ok);
+    from += pass_stride;
   }
 }
 
@@ -204,15 +217,14 @@ __device__ __forceinline__ void split_q(const Tf32Sm90Smem<Cfg>& sm) {
   constexpr int kPasses = Cfg::kBlockM * Cfg::kChunks / Cfg::kThreads;
   constexpr int kBatch = kPasses < 8 ? kPasses : 8;
   static_assert(kPasses % kBatch == 0, "whole batches of chunks");
+  const OwnChunks<Cfg> own;
 #pragma unroll
   for (int first = 0; first < kPasses; first += kBatch) {
     float x[kBatch][4];
     uint32_t big_at[kBatch], small_at[kBatch];
 #pragma unroll
     for (int c = 0; c < kBatch; ++c) {
-      const int id = static_cast<int>(threadIdx.x) + (first + c) * Cfg::kThreads;
-      const uint32_t offset =
-          sm90::swizzled_offset<Cfg::kBlockM>(id / Cfg::kChunks, id % Cfg::kChunks);
+      const uint32_t offset = sm90::swizzled_offset<Cfg::kBlockM>(own.row(first + c), own.chunk);
       big_at[c] = sm.q_big + offset, small_at[c] = sm.q_small + offset;
       const float4 x4 = *reinterpret_cast<const float4*>(sm.at(big_at[c]));
       x[c][0] = x4.x, x[c][1] = x4.y, x[c][2] = x4.z, x[c][3] = x4.w;
@@ -233,10 +245,10 @@ __device__ __forceinline__ void gather_own_k(const Tf32Sm90Smem<Cfg>& sm, int se
                                              uint32_t (&small_at)[kSlots]) {
   constexpr int kD = Cfg::kHeadDim;
   static_assert(kFirst + kOwnKChunks<Cfg> <= kSlots, "room for the K chunks");
+  const OwnChunks<Cfg> own;
 #pragma unroll
   for (int pass = 0; pass < kOwnKChunks<Cfg>; ++pass) {
-    const int id = static_cast<int>(threadIdx.x) + pass * Cfg::kThreads;
-    const int row = id / Cfg::kChunks, chunk = id % Cfg::kChunks;
+    const int row = own.row(pass), chunk = own.chunk;
     const float4 x4 = *reinterpret_cast<const float4*>(sm.k_raw_ptr + row * kD + chunk * 4);
     const uint32_t offset = sm90::swizzled_offset<Cfg::kBlockN>(row, chunk);
     float(&to)[4] = x[kFirst + pass];
@@ -357,8 +369,12 @@ struct Tf32Sm90Consumer {
     for (int half = 0; half < 2; ++half) {
       const float row_max = quad_row_max(st[0], half);
       SoftmaxState<float>& sst = state[half];
+      // Until a row has seen a key its O holds only zeros (or a NaN from 0 · Inf), which the
+      // rescale leaves as they are: no multiply on a CTA's first tile (a one-tile split CTA
+      // runs this code once, with a cold instruction cache: 2c.5).
+      const bool saw_keys = sst.m != -std::numeric_limits<float>::infinity();
       const float alpha = online_softmax_rescale(sst, row_max);
-      if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+      if (__any_sync(0xffffffffu, saw_keys && alpha != 1.0f)) {
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {
           ot[0][dt][2 * half] *= alpha;
@@ -476,8 +492,8 @@ struct Tf32Sm90Work {
   Mask<int> mask;
   int split, query_block, row_start, last_row;
   KeyBlocks<int> blocks;
-  __device__ __forceinline__ Tf32Sm90Work(const AttentionParams& p, int splits, int block_m,
-                                          int block_n)
+  // Everything but the key tiles (find_key_blocks), so that Q's load can be issued first.
+  __device__ __forceinline__ Tf32Sm90Work(const AttentionParams& p, int splits, int block_m)
       : b(blockIdx.z), h(blockIdx.y), hk(int64_t(blockIdx.y) / p.heads_per_kv()), seq(p, b),
         mask(seq.mask(p)), split(static_cast<int>(blockIdx.x) % splits),
         query_block(heaviest_first_block(p.window_left, p.window_right,
@@ -485,6 +501,13 @@ struct Tf32Sm90Work {
                                          static_cast<int>(gridDim.x) / splits)),
         row_start(query_block * block_m) {
     last_row = min(row_start + block_m, seq.seqlen_q) - 1;
+  }
+  __device__ __forceinline__ Tf32Sm90Work(const AttentionParams& p, int splits, int block_m,
+                                          int block_n)
+      : Tf32Sm90Work(p, splits, block_m) {
+    find_key_blocks(splits, block_n);
+  }
+  __device__ __forceinline__ void find_key_blocks(int splits, int block_n) {
     if (row_start < seq.seqlen_q)
       blocks = split_key_blocks(key_blocks(mask, row_start, last_row + 1, block_n), split, splits);
   }
@@ -700,18 +723,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // The split-KV combine (a programmatic dependent launch on sm_90) may be scheduled once
   // every CTA of this grid has started; it still waits for the whole grid to finish.
   allow_dependent_launch();
-  const Tf32Sm90Work work(p, split_args.splits, Cfg::kBlockM, kBlockN);
+  Tf32Sm90Work work(p, split_args.splits, Cfg::kBlockM);
   if (work.idle()) {
     if (split_args.merge_in_grid) work.merge_in_grid<kD>(p, split_args, false);
     return;
   }
+  work.load_q<Cfg>(p, sm.q_big);  // first: its latency hides the key range's arithmetic
+  ptx::cp_async_commit();
+  work.find_key_blocks(split_args.splits, kBlockN);
   const int n_tiles = work.blocks.count();
   const SeqlenInfo<int>& seq = work.seq;
   const float* k_head = work.k_head(p);
   const float* v_head = work.v_head(p);
   const int head_dim = static_cast<int>(p.head_dim);
 
-  work.load_q<Cfg>(p, sm.q_big);
   // Raw rows of tile `tile` into this thread's staging chunks (zero past the end).
   auto issue_tile = [&](int tile) {
     if (tile < n_tiles) {
@@ -723,9 +748,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     ptx::cp_async_commit();
   };
-  issue_tile(0);            // (one group with Q)
-  ptx::cp_async_wait<0>();  // Q and tile 0, this thread's chunks
+  issue_tile(0);
+  ptx::cp_async_wait<1>();  // Q, this thread's chunks (split while tile 0 lands)
   split_q<Cfg>(sm);
+  ptx::cp_async_wait<0>();  // tile 0
   if (n_tiles > 0) split_own_kv<Cfg>(sm, 0);
   issue_tile(1);  // into the chunks this thread has just split
   ptx::fence_proxy_async_shared();
