@@ -226,9 +226,8 @@ bool merge_in_grid_allowed() {
 // the in-kernel merge) merges its partials itself: each split takes block_m / splits rows,
 // and the grid barrier needs every CTA resident at once (a cooperative launch).
 bool merges_in_grid(const AttentionParams& p, const SplitPlan& split) {
-  const bool kernel_has_it = split.splits == 2 || split.splits == 4 || split.splits == 8 ||
-                            split.splits == 16;  // merge_in_grid's copies
-  if (!kernel_has_it || p.head_dim != 64 || split.geo.block_m % split.splits != 0) return false;
+  if (split.splits == 1 || p.head_dim != 64 || split.geo.block_m % split.splits != 0)
+    return false;
   if (!device_facts(p.device_index).cooperative_launch) return false;
   return split.tiles * split.splits <= resident_ctas(p, split.geo) && merge_in_grid_allowed();
 }

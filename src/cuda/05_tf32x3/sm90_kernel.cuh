@@ -543,19 +543,17 @@ struct Tf32Sm90Work {
                                                 bool merge_rows) const {
     cooperative_groups::this_grid().sync();
     if (!merge_rows) return;
-    // The host allows split counts that divide block_m (128): each gets its own copy.
-    switch (split_args.partials.splits) {
-      case 2: return merge_rows_of_split<kHeadDim, 2>(p, split_args.partials);
-      case 4: return merge_rows_of_split<kHeadDim, 4>(p, split_args.partials);
-      case 8: return merge_rows_of_split<kHeadDim, 8>(p, split_args.partials);
-      case 16: return merge_rows_of_split<kHeadDim, 16>(p, split_args.partials);
-      default: __trap();  // (merges_in_grid in backend.cu never asks for another count)
-    }
+    // 16 splits (the write-up's case and every one-tile split plan of 128-row blocks) get a
+    // copy with the count folded in; the other counts that divide 128 share one.
+    if (split_args.partials.splits == kMaxSplits)
+      merge_rows_of_split<kHeadDim, kMaxSplits>(p, split_args.partials);
+    else
+      merge_rows_of_split<kHeadDim, 0>(p, split_args.partials);
   }
-  template <int kHeadDim, int kSplits>
+  template <int kHeadDim, int kSplits>  // kSplits 0: parts.splits, at run time
   __device__ __forceinline__ void merge_rows_of_split(const AttentionParams& p,
                                                       const SplitPartials& parts) const {
-    const int rows = parts.block_m / kSplits;
+    const int rows = parts.block_m / (kSplits > 0 ? kSplits : parts.splits);
     const int warp = static_cast<int>(threadIdx.x / 32), warps = static_cast<int>(blockDim.x / 32);
     for (int r = warp; r < rows; r += warps) {
       const int local_row = split * rows + r;
