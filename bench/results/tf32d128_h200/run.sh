@@ -3,7 +3,8 @@
 # Binaries built on the dev machine for sm_90a, carried xz-compressed in .devbin/tf32d128:
 # flashtile_main (main at 68279f6), flashtile (feat/tf32d128) and its two tf32x3 test suites.
 # Tests and sanitizers first (parallel chains), then the timed lines one at a time, main's and
-# this branch's binaries alternating. Logs come back as $OUT/tf32d128.tgz after every step.
+# this branch's binaries alternating. The sweep takes d=64 too: the split helpers it shares
+# were generalised, so its kernels' SASS moved (integer index arithmetic, same HGMMA). Logs come back as $OUT/tf32d128.tgz after every step.
 set -u
 L=$OUT/tf32d128; mkdir -p $L bin
 export LD_LIBRARY_PATH=$PWD/.device/deps/lib/x86_64-linux-gnu
@@ -29,13 +30,11 @@ done
 } > $L/chain_san2.txt 2>&1 &
 wait
 cat $L/chain*.txt | sort -t= -k1,1 | tee $L/summary.txt; echo "tests done at $((SECONDS-t0)) s" | tee -a $L/summary.txt; pack
-SW="bench --sweep --dtype f32 --backends cuda_tf32x3 --sweep-head-dims 128 --sweep-seqlens 1024,4096,16384 --sweep-causal 0,1 --repeats 5 --warmup 1"
+SW="bench --sweep --dtype f32 --backends cuda_tf32x3 --sweep-head-dims 64,128 --sweep-seqlens 1024,4096,16384 --sweep-causal 0,1 --repeats 5 --warmup 1"
 for b in flashtile_main flashtile; do
-  st sweep_$b 40 bin/$b $SW
+  st sweep_$b 60 bin/$b $SW
   grep -E "^cuda_tf32x3" $L/sweep_$b.log | sed "s/^/$b /" | tee -a $L/summary.txt
 done
-FLASHTILE_TF32X3_SM90_SCHEDULE=pingpong st sweep_flashtile_pingpong 40 bin/flashtile $SW
-grep -E "^cuda_tf32x3" $L/sweep_flashtile_pingpong.log | sed "s/^/flashtile_pingpong /" | tee -a $L/summary.txt
 pack
 for b in flashtile_main flashtile; do
   PYTHONUNBUFFERED=1 st peers_$b 60 python3 bench/peers.py --cli bin/$b --dtype f32 --backends cuda_tf32x3 --peers efficient --head-dims 128 --seqlens 1024,4096,16384 --cli-repeats 5 --cli-warmup 1 --write-each-row --out $L/peers_$b
