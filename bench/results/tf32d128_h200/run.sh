@@ -16,10 +16,10 @@ st() { local n=$1 lim=$2; shift 2; local s=$SECONDS; timeout $lim "$@" > $L/$n.l
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > $L/gpu.txt
 SAN="compute-sanitizer --error-exitcode 1 --tool"
 for i in 0 1 2 3; do
-  { GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i st tf32sm90_shard$i 150 bin/flashtile_cuda_tf32x3_sm90_tests; } > $L/chain_tfs$i.txt 2>&1 &
+  { GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i st tf32sm90_shard$i 120 bin/flashtile_cuda_tf32x3_sm90_tests; } > $L/chain_tfs$i.txt 2>&1 &
 done
 for i in 0 1; do
-  { GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$i st tf32x3_shard$i 150 bin/flashtile_cuda_tf32x3_tests; } > $L/chain_tf$i.txt 2>&1 &
+  { GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$i st tf32x3_shard$i 120 bin/flashtile_cuda_tf32x3_tests; } > $L/chain_tf$i.txt 2>&1 &
 done
 # The producer schedule is the default: the backend suite's d=128 calls run it unpinned.
 { FLASHTILE_SMALL_GRID=1 st racecheck_tf32_producer 100 $SAN racecheck bin/flashtile_cuda_tf32x3_tests --gtest_filter='CudaTf32x3.EveryHeadDim*'
@@ -36,7 +36,7 @@ for b in flashtile_main flashtile; do
   grep -E "^cuda_tf32x3" $L/sweep_$b.log | sed "s/^/$b /" | tee -a $L/summary.txt
 done
 pack
-for b in flashtile_main flashtile; do
+for b in flashtile flashtile_main; do  # (this branch's first: the acceptance line)
   PYTHONUNBUFFERED=1 st peers_$b 60 python3 bench/peers.py --cli bin/$b --dtype f32 --backends cuda_tf32x3 --peers efficient --head-dims 128 --seqlens 1024,4096,16384 --cli-repeats 5 --cli-warmup 1 --write-each-row --out $L/peers_$b
   tail -9 $L/peers_$b.log | sed "s/^/$b /" | tee -a $L/summary.txt; pack
 done
