@@ -2,9 +2,13 @@
 # tf32d128 (JOURNEY 2c.5): the d=128 producer pipeline against main's binary, one device call.
 # Binaries built on the dev machine for sm_90a, carried xz-compressed in .devbin/tf32d128:
 # flashtile_main (main at 68279f6), flashtile (feat/tf32d128) and its two tf32x3 test suites.
+# Ran as `bash .devbin/tf32d128/run.sh` from the session's checkout (the device call sends that
+# tree, not the worktree): this script and the four .xz copied into its ignored .devbin/tf32d128,
+# carry [".devbin/tf32d128", ".device"]. Logs of that call (H200, 2026-12-02 03:22 UTC) beside it.
 # Tests and sanitizers first (parallel chains), then the timed lines one at a time, main's and
 # this branch's binaries alternating. The sweep takes d=64 too: the split helpers it shares
-# were generalised, so its kernels' SASS moved (integer index arithmetic, same HGMMA). Logs come back as $OUT/tf32d128.tgz after every step.
+# were generalised, so its kernels' SASS moved (integer index arithmetic, same HGMMA).
+# Logs come back as $OUT/tf32d128.tgz after every step.
 set -u
 L=$OUT/tf32d128; mkdir -p $L bin
 export LD_LIBRARY_PATH=$PWD/.device/deps/lib/x86_64-linux-gnu
