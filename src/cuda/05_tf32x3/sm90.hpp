@@ -27,7 +27,9 @@ inline constexpr int kSm90HeadDims[] = {64, 128};
 // Measured (H200, fp32 field grid, d=128, one call, seventh session's final call;
 // docs/JOURNEY.md step 2c.4): pingpong 63.0/66.0/66.8 TFLOP/s full 1k/4k/16k and
 // 51.2/60.4/67.3 causal against together's 60.4/62.9/63.5 and 49.6/58.2/63.5, +3-6% at every
-// point, outputs bitwise equal; racecheck 0 hazards on each schedule alone.
+// point, outputs bitwise equal; racecheck 0 hazards on each schedule alone. Producer (eighth
+// session, step 2c.5, same call as main's pingpong binary): 75.0/78.9/80.2 full and
+// 59.2/71.9/79.6 causal against 63.4/66.4/67.3 and 51.4/60.9/67.9, +15-19%, bitwise equal.
 enum class Tf32Sm90Schedule { together, pingpong, producer };
 
 inline Tf32Sm90Schedule tf32x3_sm90_schedule_from_environment() {
