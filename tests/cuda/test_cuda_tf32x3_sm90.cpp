@@ -3,9 +3,9 @@
 // (FLASHTILE_TF32X3_PATH=mma): the field's shapes at d 64 and 128 (odd lengths, sq != sk,
 // causal, GQA/MQA, strides), every variant, varlen, N = 131072 on one head, bitwise
 // repeatability, split calls (the combine after the wgmma kernel's partials, 2c.3), and the
-// selector's choice. d=128 runs both of its schedules
-// (FLASHTILE_TF32X3_SM90_SCHEDULE: pingpong, the default, and together), which must also
-// agree bitwise with each other (same products in the same order). The suite in
+// selector's choice. d=128 runs its three schedules
+// (FLASHTILE_TF32X3_SM90_SCHEDULE: producer, the default, pingpong and together), which must
+// also agree bitwise with each other (same products in the same order). The suite in
 // test_cuda_tf32x3.cpp runs the same backend (and so this path, on the default schedule,
 // wherever it is chosen). Every test skips without a capable
 // device; the wgmma assertions skip on devices other than compute capability 9.0.
@@ -58,12 +58,13 @@ bool wgmma_device() {
     if (!wgmma_device()) GTEST_SKIP() << "no sm_90a code or device 0 is not 9.0";    \
   } while (0)
 
-// The wgmma path's kernels: d=64's overlapped pipeline and d=128's two schedules.
+// The wgmma path's kernels: d=64's overlapped pipeline and d=128's three schedules.
 struct Sm90Kernel {
   int64_t head_dim;
   const char* schedule;  // FLASHTILE_TF32X3_SM90_SCHEDULE (nullptr: unset, the default)
 };
-constexpr Sm90Kernel kSm90Kernels[] = {{64, nullptr}, {128, "together"}, {128, "pingpong"}};
+constexpr Sm90Kernel kSm90Kernels[] = {
+    {64, nullptr}, {128, "together"}, {128, "pingpong"}, {128, "producer"}};
 constexpr const char* kScheduleEnv = "FLASHTILE_TF32X3_SM90_SCHEDULE";
 
 std::string describe(const Sm90Kernel& k) {
@@ -447,8 +448,8 @@ TEST(CudaTf32x3Sm90, LongSequenceSplitOnOneHead) {
   expect_long_sequence_on_one_head();
 }
 
-// d=128's two schedules run the same products in the same order on the same planes, so
-// their outputs and LSEs agree bitwise (and both match the oracle): odd lengths, sq != sk
+// d=128's three schedules run the same products in the same order on the same plane values,
+// so their outputs and LSEs agree bitwise (and all match the oracle): odd lengths, sq != sk
 // both ways, causal, GQA and MQA, strides, a variant mix, and a varlen batch.
 TEST(CudaTf32x3Sm90, D128SchedulesAgreeBitwise) {
   SKIP_WITHOUT_WGMMA();
@@ -485,15 +486,17 @@ TEST(CudaTf32x3Sm90, D128SchedulesAgreeBitwise) {
     }
     const testing::HostBytes pingpong_out = c.out.bytes;
     const std::vector<float> pingpong_lse = c.lse;
-    {
-      const ScopedEnv schedule(kScheduleEnv, "together");
-      d.poison();
-      d.run(c, kTf32x3);
-      EXPECT_TRUE(testing::matches_oracle(c)) << "together";
+    for (const char* other : {"together", "producer"}) {
+      {
+        const ScopedEnv schedule(kScheduleEnv, other);
+        d.poison();
+        d.run(c, kTf32x3);
+        EXPECT_TRUE(testing::matches_oracle(c)) << other;
+      }
+      EXPECT_EQ(c.out.bytes, pingpong_out) << "outputs differ: pingpong and " << other;
+      EXPECT_EQ(std::memcmp(c.lse.data(), pingpong_lse.data(), c.lse.size() * sizeof(float)), 0)
+          << "LSEs differ: pingpong and " << other;
     }
-    EXPECT_EQ(c.out.bytes, pingpong_out) << "outputs differ between the schedules";
-    EXPECT_EQ(std::memcmp(c.lse.data(), pingpong_lse.data(), c.lse.size() * sizeof(float)), 0)
-        << "LSEs differ between the schedules";
   }
 }
 

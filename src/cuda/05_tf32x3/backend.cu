@@ -13,8 +13,10 @@
 //                              calls it runs without a key split (the sixth session's
 //                              choice, split calls on mma.sync); "auto" (default): the
 //                              wgmma kernel for every call it covers, split or not (2c.3)
-//   FLASHTILE_TF32X3_SM90_SCHEDULE=pingpong|together  the order of the wgmma path's two
-//                              warpgroups at d=128 (sm90.hpp)
+//   FLASHTILE_TF32X3_SM90_SCHEDULE=producer|pingpong|together  the wgmma path's d=128
+//                              pipeline: a producer warpgroup for the K/V split, or the
+//                              order of the two warpgroups with the split between barriers
+//                              (sm90.hpp)
 //   FLASHTILE_TF32X3_MERGE=combine  a split call's partials always go to the combine kernel;
 //                              "auto" (default): the d=64 wgmma kernel merges them itself
 //                              behind a grid barrier where its grid fits the GPU at once (2c.5)

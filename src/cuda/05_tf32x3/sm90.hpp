@@ -18,24 +18,29 @@ inline constexpr int kSm90HeadDims[] = {64, 128};
 // How the d=128 kernel (one set of K/Vᵀ planes, split between two barriers) orders its two
 // consumer warpgroups' wgmma, set by FLASHTILE_TF32X3_SM90_SCHEDULE (read per call whenever
 // the wgmma path runs; d=64's overlapped pipeline ignores it):
-//   "pingpong" (default)  warpgroup 1 issues S after warpgroup 0 (both meet a named barrier),
+//   "producer" (default)  pingpong's order, and a third warpgroup that loads and splits K
+//                         and V while the consumers compute (mbarriers; step 2c.6)
+//   "pingpong"            warpgroup 1 issues S after warpgroup 0 (both meet a named barrier),
 //                         so each softmax runs under the other warpgroup's wgmma (step 2c.4)
 //   "together"            both issue S at once, so both softmaxes run with the tensor
 //                         cores idle (step 2c's first kernel)
 // Measured (H200, fp32 field grid, d=128, one call, seventh session's final call;
 // docs/JOURNEY.md step 2c.4): pingpong 63.0/66.0/66.8 TFLOP/s full 1k/4k/16k and
 // 51.2/60.4/67.3 causal against together's 60.4/62.9/63.5 and 49.6/58.2/63.5, +3-6% at every
-// point, outputs bitwise equal; racecheck 0 hazards on each schedule alone.
-enum class Tf32Sm90Schedule { together, pingpong };
+// point, outputs bitwise equal; racecheck 0 hazards on each schedule alone. Producer (eighth
+// session, step 2c.6, same call as main's pingpong binary): 75.0/78.9/80.2 full and
+// 59.2/71.9/79.6 causal against 63.4/66.4/67.3 and 51.4/60.9/67.9, +15-19%, bitwise equal.
+enum class Tf32Sm90Schedule { together, pingpong, producer };
 
 inline Tf32Sm90Schedule tf32x3_sm90_schedule_from_environment() {
   const char* value = std::getenv("FLASHTILE_TF32X3_SM90_SCHEDULE");
-  if (value == nullptr || *value == '\0' || std::string(value) == "pingpong")
-    return Tf32Sm90Schedule::pingpong;
+  if (value == nullptr || *value == '\0' || std::string(value) == "producer")
+    return Tf32Sm90Schedule::producer;
+  if (std::string(value) == "pingpong") return Tf32Sm90Schedule::pingpong;
   if (std::string(value) == "together") return Tf32Sm90Schedule::together;
   throw Error(ErrorKind::invalid_argument,
-              std::string("FLASHTILE_TF32X3_SM90_SCHEDULE must be \"pingpong\" or "
-                          "\"together\"; got \"") +
+              std::string("FLASHTILE_TF32X3_SM90_SCHEDULE must be \"producer\", \"pingpong\" "
+                          "or \"together\"; got \"") +
                   value + "\"");
 }
 

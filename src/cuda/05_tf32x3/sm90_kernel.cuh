@@ -29,6 +29,8 @@
 //    planes; per tile every thread splits K and V (a CTA-wide transpose) between two
 //    __syncthreads, with the tensor cores idle; the two warpgroups' wgmma either together
 //    or in ping-pong order (FLASHTILE_TF32X3_SM90_SCHEDULE).
+//  - tf32x3_sm90_producer_kernel (d=128, the default schedule): the same planes, and a third
+//    warpgroup that splits K(j + 1) under P·V(j) and V(j + 1) under S(j + 1), on mbarriers.
 //  - tf32x3_sm90_overlap_kernel (d=64): two sets; each thread stages and splits only its own
 //    chunks (V as a 4x4 block it transposes itself), so tile j + 1 is split into the other
 //    set while S(j)'s wgmma run, and one __syncthreads per tile remains.
@@ -44,7 +46,8 @@
 // Measured (H200, fp32 field grid, 16k tokens, seqlen 1k-16k; docs/JOURNEY.md step 2c):
 // d=64 47.3-60.6 TFLOP/s (1.53-1.83x SDPA's memory-efficient kernel in the same run),
 // d=128 50.2-64.0 (1.27-1.46x); 1.31-1.54x the mma.sync kernel. Normwise error against the
-// double oracle 1.4e-7..2.5e-7, as step 2b's.
+// double oracle 1.4e-7..2.5e-7, as step 2b's. d=128 on the producer pipeline (step 2c.6):
+// 74.6-80.2 full, 59.2-79.6 causal, 1.50-1.83x SDPA-efficient in the same run.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -237,33 +240,62 @@ __device__ __forceinline__ void split_q(const Tf32Sm90Smem<Cfg>& sm) {
 // K planes: chunk c of key row r to swizzled_offset<kBlockN>(r, c). Each thread splits the
 // very chunks load_tile gave it (the overlapped pipeline relies on it to reload the staging
 // without a barrier).
-template <class Cfg>
-constexpr int kOwnKChunks = Cfg::kBlockN * Cfg::kChunks / Cfg::kThreads;
-template <class Cfg, int kFirst, int kSlots>
-__device__ __forceinline__ void gather_own_k(const Tf32Sm90Smem<Cfg>& sm, int set,
-                                             float (&x)[kSlots][4], uint32_t (&big_at)[kSlots],
-                                             uint32_t (&small_at)[kSlots]) {
-  constexpr int kD = Cfg::kHeadDim;
-  static_assert(kFirst + kOwnKChunks<Cfg> <= kSlots, "room for the K chunks");
-  const OwnChunks<Cfg> own;
+// The chunks a thread splits when `kThreads` threads share a tile, thread `tid` among
+// them (every consumer thread, or the producer warpgroup of tf32x3_sm90_producer_kernel):
+// pass p is key row row0 + p·kPassRows, chunk `chunk`. The swizzle repeats every 8 rows, so
+// passes kPeriod apart lie a constant distance apart: every offset is one of kPeriod
+// registers plus an immediate.
+template <class Cfg, int kThreads>
+struct KChunksOf {
+  static_assert(kThreads % Cfg::kChunks == 0, "a pass covers whole rows");
+  static constexpr int kPassRows = kThreads / Cfg::kChunks;
+  static constexpr int kPasses = Cfg::kBlockN / kPassRows;
+  static_assert(kPassRows % 8 == 0 || 8 % kPassRows == 0, "the swizzle period is whole passes");
+  static constexpr int kPeriod = kPassRows % 8 == 0 ? 1 : 8 / kPassRows;
+  int row0, chunk;
+  __device__ __forceinline__ explicit KChunksOf(int tid)
+      : row0(static_cast<int>(static_cast<unsigned>(tid) / Cfg::kChunks)),
+        chunk(static_cast<int>(static_cast<unsigned>(tid) % Cfg::kChunks)) {}
+  // Passes first .. first + kCount - 1 of the staged raw rows into slots kSlot onwards.
+  template <int kCount, int kSlot, int kSlots>
+  __device__ __forceinline__ void gather(const Tf32Sm90Smem<Cfg>& sm, int set, int first,
+                                         float (&x)[kSlots][4], uint32_t (&big_at)[kSlots],
+                                         uint32_t (&small_at)[kSlots]) const {
+    constexpr int kD = Cfg::kHeadDim;
+    static_assert(kSlot + kCount <= kSlots, "room for the K chunks");
+    const float* raw = sm.k_raw_ptr + row0 * kD + chunk * 4;
 #pragma unroll
-  for (int pass = 0; pass < kOwnKChunks<Cfg>; ++pass) {
-    const int row = own.row(pass), chunk = own.chunk;
-    const float4 x4 = *reinterpret_cast<const float4*>(sm.k_raw_ptr + row * kD + chunk * 4);
-    const uint32_t offset = sm90::swizzled_offset<Cfg::kBlockN>(row, chunk);
-    float(&to)[4] = x[kFirst + pass];
-    to[0] = x4.x, to[1] = x4.y, to[2] = x4.z, to[3] = x4.w;
-    big_at[kFirst + pass] = sm.k_big(set) + offset;
-    small_at[kFirst + pass] = sm.k_small(set) + offset;
+    for (int i = 0; i < kCount; ++i) {
+      const int pass = first + i;
+      const float4 x4 = *reinterpret_cast<const float4*>(raw + pass * kPassRows * kD);
+      const uint32_t offset =
+          sm90::swizzled_offset<Cfg::kBlockN>(row0 + (pass % kPeriod) * kPassRows, chunk) +
+          (pass / kPeriod) * kPeriod * kPassRows * sm90::kSwizzleBytes;
+      float(&to)[4] = x[kSlot + i];
+      to[0] = x4.x, to[1] = x4.y, to[2] = x4.z, to[3] = x4.w;
+      big_at[kSlot + i] = sm.k_big(set) + offset;
+      small_at[kSlot + i] = sm.k_small(set) + offset;
+    }
+  }
+};
+// Thread tid's K chunks split, kBatch of them behind one test (all at once by default; the
+// producer warpgroup, short of registers, takes one at a time).
+template <class Cfg, int kThreads, int kBatch = KChunksOf<Cfg, kThreads>::kPasses>
+__device__ __forceinline__ void split_k_chunks(const Tf32Sm90Smem<Cfg>& sm, int set, int tid) {
+  using Own = KChunksOf<Cfg, kThreads>;
+  static_assert(Own::kPasses % kBatch == 0, "whole batches of chunks");
+  const Own own(tid);
+#pragma unroll
+  for (int first = 0; first < Own::kPasses; first += kBatch) {
+    float x[kBatch][4];
+    uint32_t big_at[kBatch], small_at[kBatch];
+    own.template gather<kBatch, 0>(sm, set, first, x, big_at, small_at);
+    split_chunks_to<kBatch>(sm, x, big_at, small_at);
   }
 }
 template <class Cfg>
 __device__ __forceinline__ void split_own_k(const Tf32Sm90Smem<Cfg>& sm, int set) {
-  constexpr int kCount = kOwnKChunks<Cfg>;
-  float x[kCount][4];
-  uint32_t big_at[kCount], small_at[kCount];
-  gather_own_k<Cfg, 0>(sm, set, x, big_at, small_at);
-  split_chunks_to<kCount>(sm, x, big_at, small_at);
+  split_k_chunks<Cfg, Cfg::kThreads>(sm, set, static_cast<int>(threadIdx.x));
 }
 
 // The first pipeline's split: the staged raw K and V rows (row-major, pitch d) into the
@@ -354,9 +386,20 @@ struct Tf32Sm90Consumer {
   __device__ __forceinline__ void softmax(const Mask<int>& mask, const KeyBlocks<int>& blocks,
                                           const LogitsTransform<float>& logits, int row_start,
                                           int last_row, int n_block) {
+    wait_scores();
+    softmax_waited(mask, blocks, logits, row_start, last_row, n_block);
+  }
+  // S's wgmma done: their reads of Q and K are over once this returns.
+  __device__ __forceinline__ void wait_scores() {
     ptx::wgmma_wait<0>();
     fence_accumulator(s);
     fence_accumulator(s_corr);
+  }
+  // softmax() after wait_scores() (the producer pipeline releases K in between).
+  __device__ __forceinline__ void softmax_waited(const Mask<int>& mask,
+                                                 const KeyBlocks<int>& blocks,
+                                                 const LogitsTransform<float>& logits,
+                                                 int row_start, int last_row, int n_block) {
 #pragma unroll
     for (int r = 0; r < kSRegs; ++r) s[r] += s_corr[r];
     float(&st)[1][kNTiles][4] = as_mma_tiles<kNTiles>(s);
@@ -649,61 +692,111 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // column order of Vᵀ) of dims 4c .. 4c + 3, c = i / (kBlockN / 4); key j of its block is
 // float4 j·kThreads + i of the staging area, so that a warp's loads and stores of it are
 // conflict-free and the thread transposes its own block (no barrier before the split).
+// With fewer threads than blocks (load_v_blocks_by), thread tid takes blocks tid + r·kThreads.
+template <class Cfg>
+inline constexpr int kVBlocks = Cfg::kBlockN * Cfg::kHeadDim / 16;  // 4x4 blocks of a V tile
+template <class Cfg, int kThreads>
+__device__ __forceinline__ void load_v_blocks_by(float* v_raw, const float* src,
+                                                 int64_t row_stride, int valid_rows, int tid) {
+  static_assert(kVBlocks<Cfg> % kThreads == 0, "whole 4x4 blocks of V per thread");
+  constexpr int kVtChunks = Cfg::kBlockN / 4;
+#pragma unroll
+  for (int r = 0; r < kVBlocks<Cfg> / kThreads; ++r) {
+    const int block = tid + r * kThreads;
+    const int cc = block % kVtChunks, c = block / kVtChunks;
+    const int key0 = 8 * (cc / 2) + cc % 2;
+    const uint32_t to = ptx::smem_addr(v_raw) + block * 16;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int key = key0 + 2 * j;
+      const bool ok = key < valid_rows;
+      ptx::cp_async_16(to + j * kVBlocks<Cfg> * 16, ok ? src + key * row_stride + 4 * c : src, ok);
+    }
+  }
+}
 template <class Cfg>
 __device__ __forceinline__ void load_v_blocks(float* v_raw, const float* src, int64_t row_stride,
                                               int valid_rows) {
-  static_assert(Cfg::kBlockN * Cfg::kHeadDim == 16 * Cfg::kThreads, "one 4x4 block of V per thread");
-  constexpr int kVtChunks = Cfg::kBlockN / 4;
-  const int tid = static_cast<int>(threadIdx.x);
-  const int cc = tid % kVtChunks, c = tid / kVtChunks;
-  const int key0 = 8 * (cc / 2) + cc % 2;
-  const uint32_t to = ptx::smem_addr(v_raw) + tid * 16;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int key = key0 + 2 * j;
-    const bool ok = key < valid_rows;
-    ptx::cp_async_16(to + j * Cfg::kThreads * 16, ok ? src + key * row_stride + 4 * c : src, ok);
-  }
+  static_assert(kVBlocks<Cfg> == Cfg::kThreads, "one 4x4 block of V per thread");
+  load_v_blocks_by<Cfg, Cfg::kThreads>(v_raw, src, row_stride, valid_rows,
+                                       static_cast<int>(threadIdx.x));
 }
 
 // The split of a tile's V, each thread its own staged chunks (the overlapped pipeline): its
 // 4x4 block (load_v_blocks) transposed into four Vᵀ chunks (rows 4c .. 4c + 3, chunk cc; a
-// quarter-warp's stores fill one 128-byte row) of set `set`'s Vᵀ planes, gathered here into
-// slots kFirst .. kFirst + 3.
-template <class Cfg, int kFirst, int kSlots>
-__device__ __forceinline__ void gather_own_v(const Tf32Sm90Smem<Cfg>& sm, int set,
-                                             float (&x)[kSlots][4], uint32_t (&big_at)[kSlots],
-                                             uint32_t (&small_at)[kSlots]) {
-  constexpr int kD = Cfg::kHeadDim;
-  constexpr int kVtChunks = Cfg::kBlockN / 4;
-  static_assert(kFirst + 4 <= kSlots, "room for the four Vᵀ chunks");
-  const int tid = static_cast<int>(threadIdx.x);
-  const int cc = tid % kVtChunks, c = tid / kVtChunks;
-  const float4* block = reinterpret_cast<const float4*>(sm.v_raw_ptr) + tid;
-  const float4 k0 = block[0], k1 = block[Cfg::kThreads], k2 = block[2 * Cfg::kThreads],
-               k3 = block[3 * Cfg::kThreads];  // keys key0 + 0, 2, 4, 6; dims 4c .. 4c + 3
-  const float dims[4][4] = {{k0.x, k1.x, k2.x, k3.x},
-                            {k0.y, k1.y, k2.y, k3.y},
-                            {k0.z, k1.z, k2.z, k3.z},
-                            {k0.w, k1.w, k2.w, k3.w}};
+// quarter-warp's stores fill one 128-byte row) of set `set`'s Vᵀ planes. VBlocksOf: the
+// same for the blocks that load_v_blocks_by gave thread tid of kThreads.
+template <class Cfg, int kThreads>
+struct VBlocksOf {
+  static constexpr int kVtChunks = Cfg::kBlockN / 4;
+  static constexpr int kBlocks = kVBlocks<Cfg> / kThreads;  // 4x4 blocks of this thread
+  // Block tid + r·kThreads has the same chunk cc and lies 4·kThreads / kVtChunks Vᵀ rows
+  // further, whole swizzle periods (asserted): its offsets are block tid's plus r·kStep.
+  static_assert(kThreads % kVtChunks == 0 && (4 * (kThreads / kVtChunks)) % 8 == 0,
+                "the blocks of one thread share their swizzle phase");
+  static constexpr uint32_t kStep = 4 * (kThreads / kVtChunks) * sm90::kSwizzleBytes;
+  int tid, cc, c;
+  __device__ __forceinline__ explicit VBlocksOf(int tid_)
+      : tid(tid_), cc(static_cast<int>(static_cast<unsigned>(tid_) % kVtChunks)),
+        c(static_cast<int>(static_cast<unsigned>(tid_) / kVtChunks)) {}
+  // Block r transposed: its Vᵀ chunks e0 .. e0 + kCount - 1 (of four) into slots kSlot on.
+  template <int kCount, int kSlot, int kSlots>
+  __device__ __forceinline__ void gather(const Tf32Sm90Smem<Cfg>& sm, int set, int r, int e0,
+                                         float (&x)[kSlots][4], uint32_t (&big_at)[kSlots],
+                                         uint32_t (&small_at)[kSlots]) const {
+    constexpr int kD = Cfg::kHeadDim, kAll = kVBlocks<Cfg>;
+    static_assert(kSlot + kCount <= kSlots && kCount <= 4, "room for the Vᵀ chunks");
+    const float4* block = reinterpret_cast<const float4*>(sm.v_raw_ptr) + tid + r * kThreads;
+    const float4 k0 = block[0], k1 = block[kAll], k2 = block[2 * kAll],
+                 k3 = block[3 * kAll];  // keys key0 + 0, 2, 4, 6; dims 4c .. 4c + 3
+    const float dims[4][4] = {{k0.x, k1.x, k2.x, k3.x},
+                              {k0.y, k1.y, k2.y, k3.y},
+                              {k0.z, k1.z, k2.z, k3.z},
+                              {k0.w, k1.w, k2.w, k3.w}};
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const uint32_t offset = sm90::swizzled_offset<kD>(4 * c + e, cc);
+    for (int i = 0; i < kCount; ++i) {
+      const int e = e0 + i;
+      const uint32_t offset = sm90::swizzled_offset<kD>(4 * c + e, cc) + r * kStep;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) x[kFirst + e][i] = dims[e][i];
-    big_at[kFirst + e] = sm.vt_big(set) + offset;
-    small_at[kFirst + e] = sm.vt_small(set) + offset;
+      for (int k = 0; k < 4; ++k) x[kSlot + i][k] = dims[e][k];
+      big_at[kSlot + i] = sm.vt_big(set) + offset;
+      small_at[kSlot + i] = sm.vt_small(set) + offset;
+    }
   }
+};
+// Thread tid's V blocks split, kBatch of a block's four chunks behind one test (all four by
+// default; the producer warpgroup, short of registers, takes one at a time).
+template <class Cfg, int kThreads, int kBatch = 4>
+__device__ __forceinline__ void split_v_blocks_by(const Tf32Sm90Smem<Cfg>& sm, int set, int tid) {
+  static_assert(4 % kBatch == 0, "whole batches of a block's chunks");
+  const VBlocksOf<Cfg, kThreads> own(tid);
+#pragma unroll
+  for (int r = 0; r < VBlocksOf<Cfg, kThreads>::kBlocks; ++r)
+#pragma unroll
+    for (int e0 = 0; e0 < 4; e0 += kBatch) {
+      float x[kBatch][4];
+      uint32_t big_at[kBatch], small_at[kBatch];
+      own.template gather<kBatch, 0>(sm, set, r, e0, x, big_at, small_at);
+      split_chunks_to<kBatch>(sm, x, big_at, small_at);
+    }
+}
+template <class Cfg>
+__device__ __forceinline__ void split_own_v(const Tf32Sm90Smem<Cfg>& sm, int set) {
+  split_v_blocks_by<Cfg, Cfg::kThreads>(sm, set, static_cast<int>(threadIdx.x));
 }
 
 // The overlapped pipeline's split of the next tile: its K and V chunks behind one test.
 template <class Cfg>
 __device__ __forceinline__ void split_own_kv(const Tf32Sm90Smem<Cfg>& sm, int set) {
-  constexpr int kCount = kOwnKChunks<Cfg> + 4;
+  using K = KChunksOf<Cfg, Cfg::kThreads>;
+  using V = VBlocksOf<Cfg, Cfg::kThreads>;
+  static_assert(V::kBlocks == 1, "one 4x4 block of V per thread");
+  constexpr int kCount = K::kPasses + 4;
   float x[kCount][4];
   uint32_t big_at[kCount], small_at[kCount];
-  gather_own_k<Cfg, 0>(sm, set, x, big_at, small_at);
-  gather_own_v<Cfg, kOwnKChunks<Cfg>>(sm, set, x, big_at, small_at);
+  const int tid = static_cast<int>(threadIdx.x);
+  K(tid).template gather<K::kPasses, 0>(sm, set, 0, x, big_at, small_at);
+  V(tid).template gather<4, K::kPasses>(sm, set, 0, 0, x, big_at, small_at);
   split_chunks_to<kCount>(sm, x, big_at, small_at);
 }
 
@@ -776,21 +869,184 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (split_args.merge_in_grid) work.merge_in_grid<kD>(p, split_args, true);
 }
 
-// One kernel's launch: its shared memory raised once per device, one CTA per (split, query
-// block) of each (head, batch).
-template <class Cfg, auto kKernel>
+// The producer pipeline (d=128, step 2c.6): one set of planes as tf32x3_sm90_forward_kernel,
+// and a third warpgroup that loads and splits K and V while the two consumer warpgroups run
+// S, the softmax and P·V (in ping-pong order), so the split leaves the tensor cores' path.
+// The planes' two halves free up at different times: K once both consumer warpgroups have
+// waited for S(j), Vᵀ once both have waited for P·V(j). So the producer splits K(j + 1)
+// under P·V(j) and V(j + 1) under S(j + 1), and the four mbarriers below are the only
+// hand-overs (no __syncthreads in the loop). Each producer thread loads and splits its own
+// staging chunks (V as 4x4 blocks it transposes itself, two a thread), so a staging half is
+// reloaded right after its split. Same products in the same order on the same plane values
+// as the other d=128 schedules: the same bits.
+inline constexpr int kSplitProducerThreads = sm90::kWarpgroupThreads;
+// 128·56 + 256·224 = 64512 of the SM's 65536 registers (the consumers' code needs 218-226).
+inline constexpr int kSplitProducerRegisters = 56;
+inline constexpr int kSplitConsumerRegisters = 224;
+// Named barrier over the consumer warpgroups: Q's planes split (the producer never reads Q).
+inline constexpr int kQSplitBarrier = 2;
+
+// The producer pipeline's mbarriers (8 bytes each, after the staging area):
+//   k_ready / v_ready: every producer thread arrives once its K (Vᵀ) chunks of the tile are
+//                      written and fenced for the async proxy; the consumers wait before S
+//                      (before P·V);
+//   k_free / v_free:   every consumer thread arrives once its warpgroup's S (P·V) wgmma are
+//                      waited for; the producer waits before splitting the next tile's K (V).
+// One phase per tile on each, so tile j waits on parity j & 1.
+inline constexpr int kSplitBarrierBytes = 4 * 8;
+struct Tf32Sm90SplitBarriers {
+  uint32_t k_ready, k_free, v_ready, v_free;
+  __device__ __forceinline__ explicit Tf32Sm90SplitBarriers(uint32_t at)
+      : k_ready(at), k_free(at + 8), v_ready(at + 16), v_free(at + 24) {}
+};
+template <class Cfg>
+constexpr int producer_pipeline_smem_bytes() {
+  return Cfg::kSmemBytes + kSplitBarrierBytes;
+}
+
+// Raw K rows of a tile into the staging area (row-major, pitch d; rows >= valid_rows zero)
+// by kThreads threads, chunk id tid + pass·kThreads as split_k_chunks reads it.
+template <class Cfg, int kThreads>
+__device__ __forceinline__ void load_k_rows_by(float* k_raw, const float* src,
+                                               int64_t row_stride, int valid_rows, int tid) {
+  constexpr int kD = Cfg::kHeadDim, kChunks = Cfg::kChunks;
+  static_assert(kThreads % kChunks == 0, "a pass covers whole rows");
+  constexpr int kPassRows = kThreads / kChunks;
+  const int row0 = tid / kChunks, col = (tid % kChunks) * 4;
+  const uint32_t to = ptx::smem_addr(k_raw + row0 * kD + col);
+  const float* from = src + row0 * row_stride + col;
+#pragma unroll
+  for (int pass = 0; pass < Cfg::kBlockN / kPassRows; ++pass) {
+    const bool ok = row0 + pass * kPassRows < valid_rows;
+    ptx::cp_async_16(to + pass * kPassRows * kD * 4, ok ? from : src, ok);
+    from += kPassRows * row_stride;
+  }
+}
+
+// The producer warpgroup's loop (thread tid of kSplitProducerThreads). cp.async groups go K(0),
+// V(0), K(1), V(1), ...: "all but the newest" is always the half about to be split.
+template <class Cfg>
+__device__ __forceinline__ void run_split_producer(const AttentionParams& p,
+                                                   const Tf32Sm90Work& work,
+                                                   const Tf32Sm90Smem<Cfg>& sm,
+                                                   const Tf32Sm90SplitBarriers& bars, int tid) {
+  constexpr int kBlockN = Cfg::kBlockN, kThreads = kSplitProducerThreads;
+  const int n_tiles = work.blocks.count();
+  const float* k_head = work.k_head(p);
+  const float* v_head = work.v_head(p);
+  auto issue_k = [&](int tile) {
+    if (tile < n_tiles) {
+      const int n0 = work.key_block(tile) * kBlockN;
+      load_k_rows_by<Cfg, kThreads>(sm.k_raw_ptr, k_head + n0 * p.k_row_stride, p.k_row_stride,
+                                    work.seq.seqlen_k - n0, tid);
+    }
+    ptx::cp_async_commit();
+  };
+  auto issue_v = [&](int tile) {
+    if (tile < n_tiles) {
+      const int n0 = work.key_block(tile) * kBlockN;
+      load_v_blocks_by<Cfg, kThreads>(sm.v_raw_ptr, v_head + n0 * p.v_row_stride,
+                                      p.v_row_stride, work.seq.seqlen_k - n0, tid);
+    }
+    ptx::cp_async_commit();
+  };
+  issue_k(0);
+  issue_v(0);
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const uint32_t last_parity = (tile + 1) & 1;  // tile - 1's phase
+    ptx::cp_async_wait<1>();                      // K(tile), this thread's chunks
+    if (tile > 0) ptx::mbarrier_wait(bars.k_free, last_parity);
+    split_k_chunks<Cfg, kThreads, 1>(sm, 0, tid);
+    ptx::fence_proxy_async_shared();
+    ptx::mbarrier_arrive(bars.k_ready);
+    issue_k(tile + 1);
+    ptx::cp_async_wait<1>();  // V(tile)
+    if (tile > 0) ptx::mbarrier_wait(bars.v_free, last_parity);
+    split_v_blocks_by<Cfg, kThreads, 1>(sm, 0, tid);
+    ptx::fence_proxy_async_shared();
+    ptx::mbarrier_arrive(bars.v_ready);
+    issue_v(tile + 1);
+  }
+  ptx::cp_async_wait<0>();  // only empty groups remain
+}
+
+template <class Cfg, class Logits>
+__global__ void __launch_bounds__(Cfg::kThreads + kSplitProducerThreads, 1)
+    tf32x3_sm90_producer_kernel(const AttentionParams p, const SplitArgs split_args) {
+  static_assert(!Cfg::kOverlapSplit && Cfg::kWarpgroups == 2,
+                "one plane set, two consumer warpgroups in ping-pong");
+  static_assert(producer_pipeline_smem_bytes<Cfg>() <= sm90::kSmemLimit, "the barriers fit");
+  static_assert(kSplitProducerThreads * kSplitProducerRegisters +
+                        Cfg::kThreads * kSplitConsumerRegisters <= 65536,
+                "the register split fits the SM");
+  constexpr int kBlockN = Cfg::kBlockN;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const Tf32Sm90Smem<Cfg> sm(smem_raw);
+  // The split-KV combine (a programmatic dependent launch on sm_90) may be scheduled once
+  // every CTA of this grid has started; it still waits for the whole grid to finish.
+  allow_dependent_launch();
+  const Tf32Sm90Work work(p, split_args.splits, Cfg::kBlockM, kBlockN);
+  if (work.idle()) return;
+  const Tf32Sm90SplitBarriers bars(sm.v_raw + Cfg::kStagingBytes);
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(bars.k_ready, kSplitProducerThreads);
+    ptx::mbarrier_init(bars.v_ready, kSplitProducerThreads);
+    ptx::mbarrier_init(bars.k_free, Cfg::kThreads);
+    ptx::mbarrier_init(bars.v_free, Cfg::kThreads);
+    ptx::mbarrier_init_fence();
+  }
+  __syncthreads();  // the last CTA-wide barrier: the producer leaves the loop on its own
+  if (threadIdx.x >= Cfg::kThreads) {
+    ptx::setmaxnreg_dec<kSplitProducerRegisters>();
+    run_split_producer<Cfg>(p, work, sm, bars, static_cast<int>(threadIdx.x) - Cfg::kThreads);
+    return;
+  }
+  ptx::setmaxnreg_inc<kSplitConsumerRegisters>();
+  // Q: the consumers' own load and split, while the producer stages and splits tile 0.
+  work.load_q<Cfg>(p, sm.q_big);
+  ptx::cp_async_commit();
+  ptx::cp_async_wait<0>();
+  split_q<Cfg>(sm);
+  ptx::fence_proxy_async_shared();
+  ptx::named_barrier_sync(kQSplitBarrier, Cfg::kThreads);
+
+  const LogitsTransform<float> logits = logits_transform<float>(p, work.b, work.h);
+  Tf32Sm90Consumer<Cfg, Logits> consumer;
+  const bool first = threadIdx.x < sm90::kWarpgroupThreads;
+  const int n_tiles = work.blocks.count();
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const uint32_t parity = tile & 1;
+    ptx::mbarrier_wait(bars.k_ready, parity);
+    // Ping-pong as tf32x3_sm90_forward_kernel<.., true>: warpgroup 0's S first.
+    if (!first) ptx::named_barrier_sync(kFirstScoresIssuedBarrier, Cfg::kThreads);
+    consumer.issue_scores(sm.q_big, sm.q_small, sm.k_big(0), sm.k_small(0));
+    if (first) ptx::named_barrier_sync(kFirstScoresIssuedBarrier, Cfg::kThreads);
+    consumer.wait_scores();
+    ptx::mbarrier_arrive(bars.k_free);
+    consumer.softmax_waited(work.mask, work.blocks, logits, work.row_start, work.last_row,
+                            work.key_block(tile));
+    ptx::mbarrier_wait(bars.v_ready, parity);
+    consumer.accumulate_pv(sm.vt_big(0), sm.vt_small(0));
+    ptx::mbarrier_arrive(bars.v_free);
+  }
+  work.store(p, split_args, consumer);
+}
+
+// One kernel's launch: its shared memory raised once per device, one CTA of kThreads per
+// (split, query block) of each (head, batch).
+template <class Cfg, auto kKernel, int kThreads = Cfg::kThreads, int kSmemBytes = Cfg::kSmemBytes>
 void launch_tf32x3_sm90(const AttentionParams& p, const SplitArgs& split_args,
                         cudaStream_t stream, const char* name) {
   static std::atomic<uint64_t> smem_raised{0};  // one per kernel
-  raise_smem_limit_once(kKernel, Cfg::kSmemBytes, p.device_index, smem_raised);
+  raise_smem_limit_once(kKernel, kSmemBytes, p.device_index, smem_raised);
   const int query_blocks = static_cast<int>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
   const dim3 grid(static_cast<unsigned>(query_blocks * split_args.splits),
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
   if (split_args.merge_in_grid) {  // every CTA resident at once, for the grid barrier
     cudaLaunchConfig_t config = {};
     config.gridDim = grid;
-    config.blockDim = dim3(Cfg::kThreads);
-    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kSmemBytes;
     config.stream = stream;
     cudaLaunchAttribute cooperative = {};
     cooperative.id = cudaLaunchAttributeCooperative;
@@ -799,7 +1055,7 @@ void launch_tf32x3_sm90(const AttentionParams& p, const SplitArgs& split_args,
     config.numAttrs = 1;
     check_cuda(cudaLaunchKernelEx(&config, kKernel, p, split_args), name);
   } else {
-    kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, split_args);
+    kKernel<<<grid, kThreads, kSmemBytes, stream>>>(p, split_args);
   }
   check_launch(name);
 }
@@ -817,6 +1073,10 @@ void run_tf32x3_sm90_forward(const AttentionParams& p, const SplitArgs& split_ar
       (void)schedule;  // two plane sets: the overlapped pipeline, whatever the setting
       launch_tf32x3_sm90<Cfg, &tf32x3_sm90_overlap_kernel<Cfg, Logits>>(
           p, split_args, stream, "tf32x3_sm90_overlap_kernel");
+    } else if (schedule == Tf32Sm90Schedule::producer) {
+      launch_tf32x3_sm90<Cfg, &tf32x3_sm90_producer_kernel<Cfg, Logits>,
+                         Cfg::kThreads + kSplitProducerThreads, producer_pipeline_smem_bytes<Cfg>()>(
+          p, split_args, stream, "tf32x3_sm90_producer_kernel");
     } else if (schedule == Tf32Sm90Schedule::pingpong) {
       launch_tf32x3_sm90<Cfg, &tf32x3_sm90_forward_kernel<Cfg, Logits, true>>(
           p, split_args, stream, "tf32x3_sm90_forward_kernel<pingpong>");
