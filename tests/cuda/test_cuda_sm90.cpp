@@ -296,6 +296,39 @@ TEST(CudaSm90, LongerSequences) {
   }
 }
 
+// Masked dense calls on the warp-specialised pipelines (4.3-4.5, 4.7) list the grid's blocks
+// in groups of heads, heaviest first inside each (CtaWork::grid_item, JOURNEY 4.9). 3 batch
+// entries x 5 heads: with 1100 queries (9 blocks of 128, 6 of 192) a 132-SM H200 groups 14
+// or 22 heads, so the 15 (batch, head) pairs end in a partial group (14 + 1) or fill one;
+// causal with sq != sk both ways and a left-only window (first rows heaviest). Every block
+// must be computed once, for its own (batch, head). The small grid (sanitizers) keeps 300
+// queries: one group, ranks interleaved across the heads.
+TEST(CudaSm90, GroupedMaskedGridComputesEveryBlock) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  const int64_t sq = small_grid() ? 300 : 1100;
+  struct Pin {
+    const char* name;
+    std::vector<int64_t> head_dims;
+  };
+  const Pin pins[] = {{"tma_ws", {64, 128}},        {"tma_ws_overlap", {128, 256}},
+                      {"tma_ping_pong", {128}},     {"tma_ws_m192", {64}},
+                      {"tma_ping_pong_m192", {64}}};
+  for (const Pin& pin : pins) {
+    const ScopedPipeline pinned(pin.name);
+    for (int64_t d : pin.head_dims)
+      for (int mask = 0; mask < 3; ++mask) {
+        SCOPED_TRACE(std::string(pin.name) + ", d=" + std::to_string(d) + ", mask " +
+                     std::to_string(mask));
+        Shape s = shape_of(DType::bf16, 3, sq, mask == 1 ? sq + 300 : mask == 2 ? sq - 200 : sq,
+                           5, 5, d);
+        if (mask == 0) s.window = {200, -1};
+        else s.causal = true;
+        s.strided = mask == 2;
+        expect_matches_oracle(s);
+      }
+  }
+}
+
 // Bitwise the same over 100 runs, with a window and sinks on, on each pipeline (the
 // 192-row ones at d=64, the only head dim they serve).
 TEST(CudaSm90, DeterministicOver100Runs) {
