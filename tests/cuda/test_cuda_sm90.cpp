@@ -113,7 +113,7 @@ TEST(Sm90Pieces, PVProductMatchesHost) {
 // ---- attention against the oracle --------------------------------------------------------
 
 // Pins the kernel's pipeline for one scope (FLASHTILE_SM90_PIPELINE, read at each call):
-// "tma_persistent" (step 4.6; unpinned, d=256 dense calls from 4k), "tma_ping_pong" (step 4.5),
+// "tma_persistent" (step 4.6; unpinned, d=256 full calls from 4k), "tma_ping_pong" (step 4.5),
 // "tma_ws_overlap" (4.4), "tma_ws" (4.3, what most d=64 dense calls take unpinned:
 // launch_sm90_forward in kernel.cuh), "tma" (4.2) or "cp_async" (4.1, what varlen calls
 // take), or a 192-row one of step 4.7 (d=64 only). A TMA pipeline fails a call whose maps
@@ -296,13 +296,14 @@ TEST(CudaSm90, LongerSequences) {
   }
 }
 
-// Masked dense calls on the warp-specialised pipelines (4.3-4.5, 4.7) list the grid's blocks
-// in groups of heads, heaviest first inside each (CtaWork::grid_item, JOURNEY 4.9). 3 batch
-// entries x 5 heads: with 1100 queries (9 blocks of 128, 6 of 192) a 132-SM H200 groups 14
-// or 22 heads, so the 15 (batch, head) pairs end in a partial group (14 + 1) or fill one;
-// causal with sq != sk both ways and a left-only window (first rows heaviest). Every block
-// must be computed once, for its own (batch, head). The small grid (sanitizers) keeps 300
-// queries: one group, ranks interleaved across the heads.
+// Masked dense calls on the warp-specialised pipelines (4.3-4.5) list the grid's blocks in
+// groups of heads, heaviest first inside each, at d=128 and 256 (CtaWork::grid_item, JOURNEY
+// 4.9; d=64, here 4.3 and the 192-row 4.7, keeps the plain grid, checked on the same
+// shapes). 3 batch entries x 5 heads: with 1100 queries (9 blocks of 128) a 132-SM H200
+// groups 14 heads, so the 15 (batch, head) pairs end in a partial group (14 + 1); causal with
+// sq != sk both ways and a left-only window (first rows heaviest). Every block must be
+// computed once, for its own (batch, head). The small grid (sanitizers) keeps 300 queries:
+// one group, ranks interleaved across the heads.
 TEST(CudaSm90, GroupedMaskedGridComputesEveryBlock) {
   SKIP_WITHOUT_SM90_DEVICE();
   const int64_t sq = small_grid() ? 300 : 1100;

@@ -297,8 +297,8 @@ struct CtaWork {
   KeyBlocks<int> blocks;
 
   // The non-persistent grid: (query block, head, batch entry), heaviest blocks first in x;
-  // with heads_per_group > 1 (masked dense calls on steps 4.3-4.5 and 4.7) the linear block
-  // index runs over groups of heads, heaviest first inside each (grid_item).
+  // with heads_per_group > 1 (masked dense calls on steps 4.3-4.5 at d=128 and 256) the
+  // linear block index runs over groups of heads, heaviest first inside each (grid_item).
   __device__ __forceinline__ CtaWork(const AttentionParams& p, int block_m, int block_n,
                                      int heads_per_group = 1)
       : CtaWork(p, block_m, block_n, grid_item(p, heads_per_group)) {}
@@ -997,11 +997,12 @@ void set_smem_limit(Kernel* kernel, int bytes) {
 
 // Heads per group of the warp-specialised kernels' grid (CtaWork::grid_item): under a mask
 // as many as one wave of resident CTAs covers (heads_per_launch_group); 1, the plain grid,
-// without one (every block weighs the same) or when the linear block index passes 2^31.
+// where the head dim keeps it (`grouped`: Sm90Traits::kGroupedMaskedGrid), without a mask
+// (every block weighs the same) or when the linear block index passes 2^31.
 template <class Kernel>
-int ws_heads_per_group(const AttentionParams& p, Kernel* kernel, int threads, int smem_bytes,
-                       const dim3& grid) {
-  if (!p.has_mask() || int64_t(grid.x) * grid.y * grid.z > INT_MAX) return 1;
+int ws_heads_per_group(const AttentionParams& p, bool grouped, Kernel* kernel, int threads,
+                       int smem_bytes, const dim3& grid) {
+  if (!grouped || !p.has_mask() || int64_t(grid.x) * grid.y * grid.z > INT_MAX) return 1;
   int per_sm = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes),
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor(cuda_sm90 kernel)");
@@ -1013,7 +1014,7 @@ int ws_heads_per_group(const AttentionParams& p, Kernel* kernel, int threads, in
 // every (head, batch entry).
 template <class T, class Cfg, bool kTransformed>
 void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline pipeline,
-                        cudaStream_t stream) {
+                        bool grouped_grid, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
   auto launch = [&](auto* kernel, int threads) {
@@ -1022,7 +1023,8 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
   };
   auto launch_ws = [&](auto* kernel) {
     set_smem_limit(kernel, Cfg::kSmemBytes);
-    const int heads_per_group = ws_heads_per_group(p, kernel, kWsThreads<Cfg>, Cfg::kSmemBytes, grid);
+    const int heads_per_group =
+        ws_heads_per_group(p, grouped_grid, kernel, kWsThreads<Cfg>, Cfg::kSmemBytes, grid);
     kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps, heads_per_group);
   };
   // Step 4.6: as many CTAs as stay resident at once (SMs x CTAs per SM), at most one per item.
@@ -1081,13 +1083,14 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
 // CTA's threads, and 128-key tiles do not divide among 384).
 template <class T, class Cfg, bool kTransformed>
 void launch_sm90_m192_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline pipeline,
-                             cudaStream_t stream) {
+                             bool grouped_grid, cudaStream_t stream) {
   static_assert(Cfg::kWarpgroups == 3, "the 192-row pipelines run three consumer warpgroups");
   const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
   auto launch = [&](auto* kernel) {
     set_smem_limit(kernel, Cfg::kSmemBytes);
-    const int heads_per_group = ws_heads_per_group(p, kernel, kWsThreads<Cfg>, Cfg::kSmemBytes, grid);
+    const int heads_per_group =
+        ws_heads_per_group(p, grouped_grid, kernel, kWsThreads<Cfg>, Cfg::kSmemBytes, grid);
     kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps, heads_per_group);
   };
   switch (pipeline) {
@@ -1120,6 +1123,7 @@ void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
                           : window ? Pipeline::tma_warp_specialized
                                    : Cfg::dense_pipeline(p);
   const bool transformed = p.softcap != 0.0f || p.alibi_slopes != nullptr;
+  constexpr bool grouped = Cfg::kGroupedMaskedGrid;  // step 4.9, per head dim
   TmaMaps maps{};
   if (uses_block_m192(wanted)) {
     using Wide = typename Cfg::BlockM192;
@@ -1130,9 +1134,9 @@ void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
     } else {
       if (encode_dense_maps(p, Wide::kBlockM, Wide::kBlockN, maps)) {
         if (transformed)
-          launch_sm90_m192_kernel<T, Wide, true>(p, maps, wanted, stream);
+          launch_sm90_m192_kernel<T, Wide, true>(p, maps, wanted, grouped, stream);
         else
-          launch_sm90_m192_kernel<T, Wide, false>(p, maps, wanted, stream);
+          launch_sm90_m192_kernel<T, Wide, false>(p, maps, wanted, grouped, stream);
         return;
       }
     }
@@ -1143,9 +1147,9 @@ void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
     throw Error(ErrorKind::unsupported, "cuda_sm90: the TMA maps of this call cannot be encoded");
   const Pipeline pipeline = tma ? wanted : Pipeline::cp_async;
   if (transformed)
-    launch_sm90_kernel<T, Cfg, true>(p, maps, pipeline, stream);
+    launch_sm90_kernel<T, Cfg, true>(p, maps, pipeline, grouped, stream);
   else
-    launch_sm90_kernel<T, Cfg, false>(p, maps, pipeline, stream);
+    launch_sm90_kernel<T, Cfg, false>(p, maps, pipeline, grouped, stream);
 }
 
 }  // namespace flashtile::detail::sm90

@@ -75,20 +75,20 @@ struct TileSchedule {
   }
 };
 
-// The non-persistent grid's order under a mask (steps 4.3-4.5, 4.7; JOURNEY 4.9). CTAs start
-// roughly in the order of their linear block index. The plain grid (x fastest: each (batch,
-// head)'s query blocks heaviest first, then the next head's) starts the last heads' heaviest
-// blocks in the last wave, so at causal 4k the tail runs them alone (a greedy model of 132
-// SMs: 6% over the balanced time at d=128, 12% at d=256). Here the (batch, head) pairs go in
-// groups of `heads_per_group`, and each group's items are listed by rank of
-// heaviest_first_block, heads fastest within a rank: a group holds about one wave
-// (heads_per_launch_group), so the CTAs running at once span about as many heads as in the
-// plain grid (the same K/V in L2) while the last group runs heaviest first. One head per
-// group is the plain grid. `index` is the CTA's linear block index, m_blocks the grid's x.
+// The non-persistent grid's order under a mask (steps 4.3-4.5 where the head dim's traits
+// take it, Sm90Traits::kGroupedMaskedGrid: d=128 and 256; JOURNEY 4.9). CTAs start roughly
+// in the order of their linear block index. The plain grid (x fastest: each (batch, head)'s
+// query blocks heaviest first, then the next head's) starts the last heads' heaviest blocks
+// in the last wave, so at causal 4k the tail runs them alone (a greedy model of 132 SMs: 6%
+// over the balanced time at d=128, 12% at d=256). Here the (batch, head) pairs go in groups
+// of `heads_per_group`, and each group's items are listed by rank of heaviest_first_block,
+// heads fastest within a rank: a group holds about one wave (heads_per_launch_group), so the
+// CTAs running at once span about as many heads as in the plain grid (the same K/V in L2)
+// while the last group runs heaviest first. One head per group is the plain grid. `index` is
+// the CTA's linear block index, m_blocks the grid's x.
 FT_HOST_DEVICE WorkItem grouped_heaviest_first_item(int index, int heads, int heads_total,
-                                                            int m_blocks, int heads_per_group,
-                                                            int64_t window_left,
-                                                            int64_t window_right) {
+                                                    int m_blocks, int heads_per_group,
+                                                    int64_t window_left, int64_t window_right) {
   const int group_items = heads_per_group * m_blocks;
   const int group = index / group_items, first_head = group * heads_per_group;
   const int in_group = index - group * group_items;
