@@ -127,6 +127,94 @@ TEST(Sm90TileSchedule, HeaviestFirstAndBalanced) {
           }
 }
 
+// The non-persistent grid's grouped order (grouped_heaviest_first_item): every block index
+// names one item, inside the grid; each group's items are its heads' and come heaviest first;
+// one head per group is the plain grid (x fastest, heaviest_first_block of x).
+TEST(Sm90TileSchedule, GroupedGridOrderCoversEveryItemHeaviestFirstPerGroup) {
+  for (const MaskCase& mask : kMasks)
+    for (int batch : {1, 3})
+      for (int heads : {1, 5, 16})
+        for (int sq : {1, 129, 1100, 4096})
+          for (int group : {1, 2, 3, 4, 7, 64}) {
+            const int m_blocks = (sq + kBlockM - 1) / kBlockM, heads_total = batch * heads;
+            const int sk = sq;
+            SCOPED_TRACE(std::string(mask.name) + " batch " + std::to_string(batch) + " heads " +
+                         std::to_string(heads) + " sq " + std::to_string(sq) + " group " +
+                         std::to_string(group));
+            const bool sorted = mask.right == 0 || (mask.left >= 0 && mask.right < 0) ||
+                                (mask.left < 0 && mask.right < 0);
+            std::vector<int> seen(size_t(heads_total) * m_blocks, 0);
+            for (int index = 0; index < heads_total * m_blocks; ++index) {
+              const WorkItem w = grouped_heaviest_first_item(index, heads, heads_total, m_blocks,
+                                                             group, mask.left, mask.right);
+              ASSERT_TRUE(w.batch >= 0 && w.batch < batch && w.head >= 0 && w.head < heads &&
+                          w.m_block >= 0 && w.m_block < m_blocks)
+                  << "index " << index;
+              const int bh = w.batch * heads + w.head;
+              ++seen[size_t(bh) * m_blocks + w.m_block];
+              const int in_group = group < heads_total ? group : heads_total;
+              EXPECT_EQ(bh / in_group, index / (in_group * m_blocks))
+                  << "index " << index << " left its group of heads";
+              if (group == 1) {  // the plain grid: x = index % m_blocks, y = head, z = batch
+                const int x = index % m_blocks, yz = index / m_blocks;
+                EXPECT_EQ(w.batch, yz / heads);
+                EXPECT_EQ(w.head, yz % heads);
+                EXPECT_EQ(w.m_block, heaviest_first_block(mask.left, mask.right, x, m_blocks));
+              }
+              if (sorted && index % (in_group * m_blocks) != 0) {
+                const WorkItem prev = grouped_heaviest_first_item(
+                    index - 1, heads, heads_total, m_blocks, group, mask.left, mask.right);
+                ASSERT_LE(item_tiles(mask, sq, sk, w.m_block), item_tiles(mask, sq, sk, prev.m_block))
+                    << "index " << index << " is heavier than the one before it in its group";
+              }
+            }
+            for (size_t i = 0; i < seen.size(); ++i)
+              ASSERT_EQ(seen[i], 1) << "item (b·h, m) = (" << i / m_blocks << ", " << i % m_blocks << ")";
+          }
+}
+
+TEST(Sm90TileSchedule, HeadsPerLaunchGroupCoverOneWave) {
+  EXPECT_EQ(heads_per_launch_group(132, 32), 4);   // causal 4k, 128-row blocks
+  EXPECT_EQ(heads_per_launch_group(132, 64), 2);   // 8k
+  EXPECT_EQ(heads_per_launch_group(132, 128), 1);  // 16k: the plain grid
+  EXPECT_EQ(heads_per_launch_group(132, 86), 1);   // 16k, 192-row blocks
+  EXPECT_EQ(heads_per_launch_group(132, 1000), 1);
+  EXPECT_EQ(heads_per_launch_group(264, 4), 66);
+  EXPECT_EQ(heads_per_launch_group(132, 0), 1);
+}
+
+// Why the grouped order (JOURNEY 4.9): CTAs modelled as starting in block order on the first
+// free SM, each taking F + n·t cycles for n key tiles (4.8's fit: t = 2768, F = 8480), on 132
+// SMs. At causal 4k (128-row blocks and tiles, 32 query blocks per head) the plain grid ends
+// over 5% past the balanced time sum / 132 at 64 heads (d=128), and the grouped order within 1%.
+TEST(Sm90TileSchedule, GroupedOrderShortensTheCausalTailInAGreedyModel) {
+  constexpr int kSms = 132;
+  constexpr double kTile = 2768, kFixed = 8480;
+  const MaskCase causal{-1, 0, "causal"};
+  for (int heads_total : {32, 64, 128}) {
+    const int sq = 4096, m_blocks = sq / kBlockM;
+    auto finish = [&](int group) {
+      std::vector<double> sm(kSms, 0.0);
+      for (int index = 0; index < heads_total * m_blocks; ++index) {
+        const WorkItem w = grouped_heaviest_first_item(index, heads_total, heads_total, m_blocks,
+                                                       group, causal.left, causal.right);
+        auto first_free = std::min_element(sm.begin(), sm.end());
+        *first_free += kFixed + kTile * item_tiles(causal, sq, sq, w.m_block);
+      }
+      return *std::max_element(sm.begin(), sm.end());
+    };
+    double balanced = 0;
+    for (int m = 0; m < m_blocks; ++m) balanced += kFixed + kTile * item_tiles(causal, sq, sq, m);
+    balanced *= double(heads_total) / kSms;
+    SCOPED_TRACE("heads " + std::to_string(heads_total));
+    const double plain = finish(1) / balanced;
+    const double grouped = finish(heads_per_launch_group(kSms, m_blocks)) / balanced;
+    EXPECT_LT(grouped, 1.01);
+    EXPECT_LT(grouped, plain);
+    if (heads_total == 64) EXPECT_GT(plain, 1.05);
+  }
+}
+
 TEST(Sm90TileSchedule, RingSlotCountsLapsAndParities) {
   for (uint32_t count = 0; count < 40; ++count) {
     const RingSlot<3> three{count};

@@ -113,7 +113,7 @@ TEST(Sm90Pieces, PVProductMatchesHost) {
 // ---- attention against the oracle --------------------------------------------------------
 
 // Pins the kernel's pipeline for one scope (FLASHTILE_SM90_PIPELINE, read at each call):
-// "tma_persistent" (step 4.6; unpinned, d=256 dense calls from 4k), "tma_ping_pong" (step 4.5),
+// "tma_persistent" (step 4.6; unpinned, d=256 full calls from 4k), "tma_ping_pong" (step 4.5),
 // "tma_ws_overlap" (4.4), "tma_ws" (4.3, what most d=64 dense calls take unpinned:
 // launch_sm90_forward in kernel.cuh), "tma" (4.2) or "cp_async" (4.1, what varlen calls
 // take), or a 192-row one of step 4.7 (d=64 only). A TMA pipeline fails a call whose maps
@@ -291,6 +291,40 @@ TEST(CudaSm90, LongerSequences) {
         Shape s = shape_of(DType::bf16, 1, 2000, 2100, 2, 2, d);
         s.causal = mask == 1;
         if (mask == 2) s.window = {300, 0};
+        expect_matches_oracle(s);
+      }
+  }
+}
+
+// Masked dense calls on the warp-specialised pipelines (4.3-4.5) list the grid's blocks in
+// groups of heads, heaviest first inside each, at d=128 and 256 (CtaWork::grid_item, JOURNEY
+// 4.9; d=64, here 4.3 and the 192-row 4.7, keeps the plain grid, checked on the same
+// shapes). 3 batch entries x 5 heads: with 1100 queries (9 blocks of 128) a 132-SM H200
+// groups 14 heads, so the 15 (batch, head) pairs end in a partial group (14 + 1); causal with
+// sq != sk both ways and a left-only window (first rows heaviest). Every block must be
+// computed once, for its own (batch, head). The small grid (sanitizers) keeps 300 queries:
+// one group, ranks interleaved across the heads.
+TEST(CudaSm90, GroupedMaskedGridComputesEveryBlock) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  const int64_t sq = small_grid() ? 300 : 1100;
+  struct Pin {
+    const char* name;
+    std::vector<int64_t> head_dims;
+  };
+  const Pin pins[] = {{"tma_ws", {64, 128}},        {"tma_ws_overlap", {128, 256}},
+                      {"tma_ping_pong", {128}},     {"tma_ws_m192", {64}},
+                      {"tma_ping_pong_m192", {64}}};
+  for (const Pin& pin : pins) {
+    const ScopedPipeline pinned(pin.name);
+    for (int64_t d : pin.head_dims)
+      for (int mask = 0; mask < 3; ++mask) {
+        SCOPED_TRACE(std::string(pin.name) + ", d=" + std::to_string(d) + ", mask " +
+                     std::to_string(mask));
+        Shape s = shape_of(DType::bf16, 3, sq, mask == 1 ? sq + 300 : mask == 2 ? sq - 200 : sq,
+                           5, 5, d);
+        if (mask == 0) s.window = {200, -1};
+        else s.causal = true;
+        s.strided = mask == 2;
         expect_matches_oracle(s);
       }
   }

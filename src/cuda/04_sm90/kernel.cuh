@@ -51,6 +51,7 @@
 #include <cuda_fp16.h>
 
 #include <cfloat>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -295,13 +296,12 @@ struct CtaWork {
   int row_start;
   KeyBlocks<int> blocks;
 
-  // The non-persistent grid: (query block, head, batch entry), heaviest blocks first in x.
-  __device__ __forceinline__ CtaWork(const AttentionParams& p, int block_m, int block_n)
-      : CtaWork(p, block_m, block_n,
-                WorkItem{static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.y),
-                         heaviest_first_block(p.window_left, p.window_right,
-                                              static_cast<int>(blockIdx.x),
-                                              static_cast<int>(gridDim.x))}) {}
+  // The non-persistent grid: (query block, head, batch entry), heaviest blocks first in x;
+  // with heads_per_group > 1 (masked dense calls on steps 4.3-4.5 at d=128 and 256) the
+  // linear block index runs over groups of heads, heaviest first inside each (grid_item).
+  __device__ __forceinline__ CtaWork(const AttentionParams& p, int block_m, int block_n,
+                                     int heads_per_group = 1)
+      : CtaWork(p, block_m, block_n, grid_item(p, heads_per_group)) {}
   __device__ __forceinline__ CtaWork(const AttentionParams& p, int block_m, int block_n,
                                      const WorkItem& item)
       // Through uint32_t: the indices are never negative, and saying so spares the 64-bit
@@ -312,6 +312,18 @@ struct CtaWork {
     // Past this sequence's end (varlen) the block is empty; callers return.
     if (row_start < seq.seqlen_q)
       blocks = key_blocks(mask, row_start, min(row_start + block_m, seq.seqlen_q), block_n);
+  }
+  __device__ __forceinline__ static WorkItem grid_item(const AttentionParams& p,
+                                                      int heads_per_group) {
+    const int x = static_cast<int>(blockIdx.x), m_blocks = static_cast<int>(gridDim.x);
+    const int y = static_cast<int>(blockIdx.y), heads = static_cast<int>(gridDim.y);
+    if (heads_per_group <= 1)
+      return WorkItem{static_cast<int>(blockIdx.z), y,
+                      heaviest_first_block(p.window_left, p.window_right, x, m_blocks)};
+    const int heads_total = heads * static_cast<int>(gridDim.z);
+    return grouped_heaviest_first_item(x + m_blocks * (y + heads * static_cast<int>(blockIdx.z)),
+                                       heads, heads_total, m_blocks, heads_per_group,
+                                       p.window_left, p.window_right);
   }
   __device__ __forceinline__ bool idle() const { return row_start >= seq.seqlen_q; }
   __device__ __forceinline__ int n_tiles() const { return blocks.count(); }
@@ -849,14 +861,16 @@ __device__ __forceinline__ void consume_item_tiles(Consumer& wg, const SmemMap<C
   }
 }
 
-// Steps 4.3-4.5: one query block per CTA (the grid of launch_sm90_kernel).
+// Steps 4.3-4.5: one query block per CTA (the grid of launch_sm90_kernel), in the order
+// heads_per_group gives (CtaWork::grid_item).
 template <class T, class Cfg, bool kOverlap, bool kPingPong, bool kTransformed>
 __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
-    sm90_ws_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps) {
+    sm90_ws_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps,
+                           const int heads_per_group) {
   static_assert(kRegisterSplitFits<Cfg>, "the register split fits the multiprocessor's 64K registers");
   extern __shared__ unsigned char smem_raw[];
   const SmemMap<Cfg> smem(smem_raw);
-  const CtaWork work(p, Cfg::kBlockM, Cfg::kBlockN);
+  const CtaWork work(p, Cfg::kBlockM, Cfg::kBlockN, heads_per_group);
   if (work.idle()) return;
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
   if (threadIdx.x == 0) init_ws_barriers(smem, /*q_released=*/false);
@@ -981,16 +995,37 @@ void set_smem_limit(Kernel* kernel, int bytes) {
              "cudaFuncSetAttribute(cuda_sm90 kernel)");
 }
 
+// Heads per group of the warp-specialised kernels' grid (CtaWork::grid_item): under a mask
+// as many as one wave of resident CTAs covers (heads_per_launch_group); 1, the plain grid,
+// where the head dim keeps it (`grouped`: Sm90Traits::kGroupedMaskedGrid), without a mask
+// (every block weighs the same) or when the linear block index passes 2^31.
+template <class Kernel>
+int ws_heads_per_group(const AttentionParams& p, bool grouped, Kernel* kernel, int threads,
+                       int smem_bytes, const dim3& grid) {
+  if (!grouped || !p.has_mask() || int64_t(grid.x) * grid.y * grid.z > INT_MAX) return 1;
+  int per_sm = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor(cuda_sm90 kernel)");
+  const int64_t resident = int64_t(device_facts(p.device_index).sms) * (per_sm > 0 ? per_sm : 1);
+  return heads_per_launch_group(resident, static_cast<int>(grid.x));
+}
+
 // Launches one pipeline on `stream`; the grid covers the longest sequence (p.seqlen_q) of
 // every (head, batch entry).
 template <class T, class Cfg, bool kTransformed>
 void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline pipeline,
-                        cudaStream_t stream) {
+                        bool grouped_grid, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
   auto launch = [&](auto* kernel, int threads) {
     set_smem_limit(kernel, Cfg::kSmemBytes);
     kernel<<<grid, threads, Cfg::kSmemBytes, stream>>>(p, maps);
+  };
+  auto launch_ws = [&](auto* kernel) {
+    set_smem_limit(kernel, Cfg::kSmemBytes);
+    const int heads_per_group =
+        ws_heads_per_group(p, grouped_grid, kernel, kWsThreads<Cfg>, Cfg::kSmemBytes, grid);
+    kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps, heads_per_group);
   };
   // Step 4.6: as many CTAs as stay resident at once (SMs x CTAs per SM), at most one per item.
   auto launch_persistent = [&](auto* kernel) {
@@ -1022,13 +1057,13 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
       launch(&sm90_forward_kernel<T, Cfg, true, kTransformed>, Cfg::kThreads);
       break;
     case Pipeline::tma_warp_specialized:
-      launch(&sm90_ws_forward_kernel<T, Cfg, false, false, kTransformed>, kWsThreads<Cfg>);
+      launch_ws(&sm90_ws_forward_kernel<T, Cfg, false, false, kTransformed>);
       break;
     case Pipeline::tma_warp_specialized_overlap:
-      launch(&sm90_ws_forward_kernel<T, Cfg, true, false, kTransformed>, kWsThreads<Cfg>);
+      launch_ws(&sm90_ws_forward_kernel<T, Cfg, true, false, kTransformed>);
       break;
     case Pipeline::tma_ping_pong:
-      launch(&sm90_ws_forward_kernel<T, Cfg, true, true, kTransformed>, kWsThreads<Cfg>);
+      launch_ws(&sm90_ws_forward_kernel<T, Cfg, true, true, kTransformed>);
       break;
     case Pipeline::tma_persistent:
       launch_persistent(&sm90_persistent_forward_kernel<T, Cfg, Cfg::kPersistentOverlap,
@@ -1048,13 +1083,15 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
 // CTA's threads, and 128-key tiles do not divide among 384).
 template <class T, class Cfg, bool kTransformed>
 void launch_sm90_m192_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline pipeline,
-                             cudaStream_t stream) {
+                             bool grouped_grid, cudaStream_t stream) {
   static_assert(Cfg::kWarpgroups == 3, "the 192-row pipelines run three consumer warpgroups");
   const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
   auto launch = [&](auto* kernel) {
     set_smem_limit(kernel, Cfg::kSmemBytes);
-    kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps);
+    const int heads_per_group =
+        ws_heads_per_group(p, grouped_grid, kernel, kWsThreads<Cfg>, Cfg::kSmemBytes, grid);
+    kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps, heads_per_group);
   };
   switch (pipeline) {
     case Pipeline::tma_ws_m192:
@@ -1086,6 +1123,7 @@ void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
                           : window ? Pipeline::tma_warp_specialized
                                    : Cfg::dense_pipeline(p);
   const bool transformed = p.softcap != 0.0f || p.alibi_slopes != nullptr;
+  constexpr bool grouped = Cfg::kGroupedMaskedGrid;  // step 4.9, per head dim
   TmaMaps maps{};
   if (uses_block_m192(wanted)) {
     using Wide = typename Cfg::BlockM192;
@@ -1096,9 +1134,9 @@ void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
     } else {
       if (encode_dense_maps(p, Wide::kBlockM, Wide::kBlockN, maps)) {
         if (transformed)
-          launch_sm90_m192_kernel<T, Wide, true>(p, maps, wanted, stream);
+          launch_sm90_m192_kernel<T, Wide, true>(p, maps, wanted, grouped, stream);
         else
-          launch_sm90_m192_kernel<T, Wide, false>(p, maps, wanted, stream);
+          launch_sm90_m192_kernel<T, Wide, false>(p, maps, wanted, grouped, stream);
         return;
       }
     }
@@ -1109,9 +1147,9 @@ void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
     throw Error(ErrorKind::unsupported, "cuda_sm90: the TMA maps of this call cannot be encoded");
   const Pipeline pipeline = tma ? wanted : Pipeline::cp_async;
   if (transformed)
-    launch_sm90_kernel<T, Cfg, true>(p, maps, pipeline, stream);
+    launch_sm90_kernel<T, Cfg, true>(p, maps, pipeline, grouped, stream);
   else
-    launch_sm90_kernel<T, Cfg, false>(p, maps, pipeline, stream);
+    launch_sm90_kernel<T, Cfg, false>(p, maps, pipeline, grouped, stream);
 }
 
 }  // namespace flashtile::detail::sm90

@@ -75,6 +75,38 @@ struct TileSchedule {
   }
 };
 
+// The non-persistent grid's order under a mask (steps 4.3-4.5 where the head dim's traits
+// take it, Sm90Traits::kGroupedMaskedGrid: d=128 and 256; JOURNEY 4.9). CTAs start roughly
+// in the order of their linear block index. The plain grid (x fastest: each (batch, head)'s
+// query blocks heaviest first, then the next head's) starts the last heads' heaviest blocks
+// in the last wave, so at causal 4k the tail runs them alone (a greedy model of 132 SMs: 6%
+// over the balanced time at d=128, 12% at d=256). Here the (batch, head) pairs go in groups
+// of `heads_per_group`, and each group's items are listed by rank of heaviest_first_block,
+// heads fastest within a rank: a group holds about one wave (heads_per_launch_group), so the
+// CTAs running at once span about as many heads as in the plain grid (the same K/V in L2)
+// while the last group runs heaviest first. One head per group is the plain grid. `index` is
+// the CTA's linear block index, m_blocks the grid's x.
+FT_HOST_DEVICE WorkItem grouped_heaviest_first_item(int index, int heads, int heads_total,
+                                                    int m_blocks, int heads_per_group,
+                                                    int64_t window_left, int64_t window_right) {
+  const int group_items = heads_per_group * m_blocks;
+  const int group = index / group_items, first_head = group * heads_per_group;
+  const int in_group = index - group * group_items;
+  const int width = heads_total - first_head < heads_per_group ? heads_total - first_head
+                                                               : heads_per_group;
+  const int rank = in_group / width, bh = first_head + in_group % width;
+  return WorkItem{bh / heads, bh % heads,
+                  heaviest_first_block(window_left, window_right, rank, m_blocks)};
+}
+
+// Heads per group for grouped_heaviest_first_item: as many as one wave of `resident_ctas`
+// covers whole, at least one (so a head with at least a wave of query blocks keeps the plain
+// grid's order: causal 16k at every head dim).
+FT_HOST_DEVICE int heads_per_launch_group(int64_t resident_ctas, int m_blocks) {
+  const int64_t heads = m_blocks > 0 ? resident_ctas / m_blocks : 1;
+  return heads < 1 ? 1 : heads > INT_MAX ? INT_MAX : static_cast<int>(heads);
+}
+
 // Where the count-th use (0-based, counted over the CTA's lifetime, not per item) of a
 // ring of kSlots buffers lands: slot count % kSlots, on lap count / kSlots of the ring. The
 // consumer waits for lap r's "full" phase of the slot's barrier (parity r % 2); the

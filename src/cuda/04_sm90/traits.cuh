@@ -29,6 +29,11 @@ template <>
 struct Sm90Traits<64> : Sm90Config<64, 128, 2, 2, 1> {
   // 4.3 410 / 404 TFLOP/s (full / causal, bf16 16k), 4.4 404 / 391, 4.5 407 / 391.
   static constexpr bool kPersistentOverlap = false, kPersistentPingPong = false;
+  // kGroupedMaskedGrid: masked calls list the grid's blocks in groups of heads, heaviest
+  // first in each (step 4.9, CtaWork::grid_item). At d=64 that measured 1.4-2.4% slower at
+  // causal 4k and 8k (4.3, bf16; H200, one call, beside main's binary), so d=64 keeps the
+  // plain grid; d=128 and 256 gained (4.9).
+  static constexpr bool kGroupedMaskedGrid = false;
   // Step 4.7: three consumer warpgroups (192 query rows) on 128-key tiles, 160 registers
   // each: S 64, O 32 and P 32 per thread. 24 KB of Q + 2·2·16 KB of K/V = 88 KB. At d=64 a
   // tile's exp2 (one per score on the MUFU, 16 a clock per SM) take as long as its two GEMMs
@@ -51,6 +56,8 @@ template <>
 struct Sm90Traits<128> : Sm90Config<128, 128, 2, 2, 1> {
   // 4.5 590 / 565, 4.4 556 / 543, 4.3 544 / 534.
   static constexpr bool kPersistentOverlap = true, kPersistentPingPong = true;
+  // Step 4.9's grouped grid: causal 4k +2.7/+3.3% (4.3, two runs), 8k +1.8% (4.5).
+  static constexpr bool kGroupedMaskedGrid = true;
   // Full: 4.5 from 4k (+6-9% over 4.3), 4.4 below (+2-3%; 4.5 not measured there).
   // Causal: 4.5 from 8k (+4-6% at 16k, even with 4.3 at 4k), 4.3 below (4.4 9-26% slower
   // at 512-2k).
@@ -66,15 +73,18 @@ template <>
 struct Sm90Traits<256> : Sm90Config<256, 64, 2, 2, 1> {
   // 4.4 634 / 610, 4.5 625 / 610, 4.3 587 / 570.
   static constexpr bool kPersistentOverlap = true, kPersistentPingPong = false;
+  // Step 4.9's grouped grid: 4.4 causal 4k +5.0%, 8k +6.1% (against main's 4.4).
+  static constexpr bool kGroupedMaskedGrid = true;
   // 4.4: +3-8% over 4.3 full at every length and causal from 2k; 4.3 causal below 2k (4.4
   // 2-5% slower). 4.5 within 3% of 4.4 at 4k-16k. 4.6 (persistent, 4.4's consumers) against
   // 4.4, two runs of each interleaved in one call (seventh session, JOURNEY 4.8): full 4k
-  // +1.2/+2.1%, full 16k +2.0/+1.6%, causal 4k +2.8/+1.8%, causal 16k -1.1/-0.9%; so 4.6
-  // takes full calls from 4k and causal ones from 4k below 8k (8k not measured: 4.4 kept).
+  // +1.2/+2.1%, full 16k +2.0/+1.6%, so 4.6 takes full calls from 4k. Causal: 4.6 led the
+  // plain-grid 4.4 at 4k by 1.8-2.8%, but 4.4 on 4.9's grouped grid is 5.5-6.3% ahead of
+  // 4.6 there (one call), so causal calls from 2k take 4.4.
   static Pipeline dense_pipeline(const AttentionParams& p) {
-    if (p.is_causal() && p.seqlen_k < 2048) return Pipeline::tma_warp_specialized;
-    const bool persistent = p.seqlen_k >= 4096 && (!p.is_causal() || p.seqlen_k < 8192);
-    return persistent ? Pipeline::tma_persistent : Pipeline::tma_warp_specialized_overlap;
+    if (p.is_causal())
+      return p.seqlen_k < 2048 ? Pipeline::tma_warp_specialized : Pipeline::tma_warp_specialized_overlap;
+    return p.seqlen_k >= 4096 ? Pipeline::tma_persistent : Pipeline::tma_warp_specialized_overlap;
   }
 };
 
