@@ -739,20 +739,26 @@ struct VBlocksOf {
   __device__ __forceinline__ explicit VBlocksOf(int tid_)
       : tid(tid_), cc(static_cast<int>(static_cast<unsigned>(tid_) % kVtChunks)),
         c(static_cast<int>(static_cast<unsigned>(tid_) / kVtChunks)) {}
-  // Block r transposed: its Vᵀ chunks e0 .. e0 + kCount - 1 (of four) into slots kSlot on.
-  template <int kCount, int kSlot, int kSlots>
-  __device__ __forceinline__ void gather(const Tf32Sm90Smem<Cfg>& sm, int set, int r, int e0,
-                                         float (&x)[kSlots][4], uint32_t (&big_at)[kSlots],
-                                         uint32_t (&small_at)[kSlots]) const {
-    constexpr int kD = Cfg::kHeadDim, kAll = kVBlocks<Cfg>;
-    static_assert(kSlot + kCount <= kSlots && kCount <= 4, "room for the Vᵀ chunks");
+  // Block r, read once and transposed: dims[e] is Vᵀ chunk e (of four) of the block.
+  __device__ __forceinline__ void load(const Tf32Sm90Smem<Cfg>& sm, int r,
+                                       float (&dims)[4][4]) const {
+    constexpr int kAll = kVBlocks<Cfg>;
     const float4* block = reinterpret_cast<const float4*>(sm.v_raw_ptr) + tid + r * kThreads;
     const float4 k0 = block[0], k1 = block[kAll], k2 = block[2 * kAll],
                  k3 = block[3 * kAll];  // keys key0 + 0, 2, 4, 6; dims 4c .. 4c + 3
-    const float dims[4][4] = {{k0.x, k1.x, k2.x, k3.x},
-                              {k0.y, k1.y, k2.y, k3.y},
-                              {k0.z, k1.z, k2.z, k3.z},
-                              {k0.w, k1.w, k2.w, k3.w}};
+    const float4 k[4] = {k0, k1, k2, k3};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      dims[0][j] = k[j].x, dims[1][j] = k[j].y, dims[2][j] = k[j].z, dims[3][j] = k[j].w;
+  }
+  // Chunks e0 .. e0 + kCount - 1 of block r (loaded as dims) into slots kSlot on.
+  template <int kCount, int kSlot, int kSlots>
+  __device__ __forceinline__ void gather(const Tf32Sm90Smem<Cfg>& sm, int set, int r, int e0,
+                                         const float (&dims)[4][4], float (&x)[kSlots][4],
+                                         uint32_t (&big_at)[kSlots],
+                                         uint32_t (&small_at)[kSlots]) const {
+    constexpr int kD = Cfg::kHeadDim;
+    static_assert(kSlot + kCount <= kSlots && kCount <= 4, "room for the Vᵀ chunks");
 #pragma unroll
     for (int i = 0; i < kCount; ++i) {
       const int e = e0 + i;
@@ -771,14 +777,17 @@ __device__ __forceinline__ void split_v_blocks_by(const Tf32Sm90Smem<Cfg>& sm, i
   static_assert(4 % kBatch == 0, "whole batches of a block's chunks");
   const VBlocksOf<Cfg, kThreads> own(tid);
 #pragma unroll
-  for (int r = 0; r < VBlocksOf<Cfg, kThreads>::kBlocks; ++r)
+  for (int r = 0; r < VBlocksOf<Cfg, kThreads>::kBlocks; ++r) {
+    float dims[4][4];
+    own.load(sm, r, dims);
 #pragma unroll
     for (int e0 = 0; e0 < 4; e0 += kBatch) {
       float x[kBatch][4];
       uint32_t big_at[kBatch], small_at[kBatch];
-      own.template gather<kBatch, 0>(sm, set, r, e0, x, big_at, small_at);
+      own.template gather<kBatch, 0>(sm, set, r, e0, dims, x, big_at, small_at);
       split_chunks_to<kBatch>(sm, x, big_at, small_at);
     }
+  }
 }
 template <class Cfg>
 __device__ __forceinline__ void split_own_v(const Tf32Sm90Smem<Cfg>& sm, int set) {
@@ -796,7 +805,10 @@ __device__ __forceinline__ void split_own_kv(const Tf32Sm90Smem<Cfg>& sm, int se
   uint32_t big_at[kCount], small_at[kCount];
   const int tid = static_cast<int>(threadIdx.x);
   K(tid).template gather<K::kPasses, 0>(sm, set, 0, x, big_at, small_at);
-  V(tid).template gather<4, K::kPasses>(sm, set, 0, 0, x, big_at, small_at);
+  const V v(tid);
+  float dims[4][4];
+  v.load(sm, 0, dims);
+  v.template gather<4, K::kPasses>(sm, set, 0, 0, dims, x, big_at, small_at);
   split_chunks_to<kCount>(sm, x, big_at, small_at);
 }
 
