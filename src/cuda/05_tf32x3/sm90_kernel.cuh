@@ -185,14 +185,17 @@ __device__ __forceinline__ void split_chunks_to(const Smem& sm, const float (&x)
 
 // Q rows [0, kBlockM) (row 0 at src) straight into the swizzled big plane by cp.async,
 // rows >= valid_rows zero-filled; split in place afterwards (split_q).
-// A thread's chunk `pass` of a tile it covers with the whole CTA, kChunks chunks a row: row
+// Thread tid's chunk `pass` of a tile that kThreads threads cover, kChunks chunks a row: row
 // row0 + pass · (kThreads / kChunks), chunk `chunk` (the same for every pass). From the
 // unsigned thread index, so that the compiler sees the rows step by a constant.
-template <class Cfg>
+template <class Cfg, int kThreads = Cfg::kThreads>
 struct OwnChunks {
-  static constexpr int kPassRows = Cfg::kThreads / Cfg::kChunks;
-  int row0 = static_cast<int>(threadIdx.x / Cfg::kChunks);
-  int chunk = static_cast<int>(threadIdx.x % Cfg::kChunks);
+  static_assert(kThreads % Cfg::kChunks == 0, "a pass covers whole rows");
+  static constexpr int kPassRows = kThreads / Cfg::kChunks;
+  int row0, chunk;
+  __device__ __forceinline__ explicit OwnChunks(int tid = static_cast<int>(threadIdx.x))
+      : row0(static_cast<int>(static_cast<unsigned>(tid) / Cfg::kChunks)),
+        chunk(static_cast<int>(static_cast<unsigned>(tid) % Cfg::kChunks)) {}
   __device__ __forceinline__ int row(int pass) const { return row0 + pass * kPassRows; }
 };
 
@@ -246,16 +249,14 @@ __device__ __forceinline__ void split_q(const Tf32Sm90Smem<Cfg>& sm) {
 // passes kPeriod apart lie a constant distance apart: every offset is one of kPeriod
 // registers plus an immediate.
 template <class Cfg, int kThreads>
-struct KChunksOf {
-  static_assert(kThreads % Cfg::kChunks == 0, "a pass covers whole rows");
-  static constexpr int kPassRows = kThreads / Cfg::kChunks;
+struct KChunksOf : OwnChunks<Cfg, kThreads> {
+  using OwnChunks<Cfg, kThreads>::kPassRows;
+  using OwnChunks<Cfg, kThreads>::row0;
+  using OwnChunks<Cfg, kThreads>::chunk;
   static constexpr int kPasses = Cfg::kBlockN / kPassRows;
   static_assert(kPassRows % 8 == 0 || 8 % kPassRows == 0, "the swizzle period is whole passes");
   static constexpr int kPeriod = kPassRows % 8 == 0 ? 1 : 8 / kPassRows;
-  int row0, chunk;
-  __device__ __forceinline__ explicit KChunksOf(int tid)
-      : row0(static_cast<int>(static_cast<unsigned>(tid) / Cfg::kChunks)),
-        chunk(static_cast<int>(static_cast<unsigned>(tid) % Cfg::kChunks)) {}
+  __device__ __forceinline__ explicit KChunksOf(int tid) : OwnChunks<Cfg, kThreads>(tid) {}
   // Passes first .. first + kCount - 1 of the staged raw rows into slots kSlot onwards.
   template <int kCount, int kSlot, int kSlots>
   __device__ __forceinline__ void gather(const Tf32Sm90Smem<Cfg>& sm, int set, int first,
