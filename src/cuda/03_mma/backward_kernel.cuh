@@ -450,11 +450,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
   for (int dp = 0; dp < Cfg::kDqDTiles / 2; ++dp)
     dq_k_cols[dp] = swizzled_chunk(dq_col0 / 8 + 2 * dp + lane / 16);
-  // dO's and Q's column pairs of this warp's dV, dK (Pᵀ in shared memory: half the columns)
-  uint32_t kv_cols[kKvDTiles / 2];
+  // dO's and Q's column pairs of this warp's dV, dK with Pᵀ in shared memory (half the
+  // columns; with all of them the constant-indexed bk_cols serves).
+  uint32_t kv_cols[kPtInShared ? kKvDTiles / 2 : 1];
 #pragma unroll
-  for (int dp = 0; dp < kKvDTiles / 2; ++dp)
-    kv_cols[dp] = kPtInShared ? swizzled_chunk(kv_col0 / 8 + 2 * dp + lane / 16) : bk_cols(dp);
+  for (int dp = 0; dp < (kPtInShared ? kKvDTiles / 2 : 0); ++dp)
+    kv_cols[dp] = swizzled_chunk(kv_col0 / 8 + 2 * dp + lane / 16);
   // Stores a 16 x 16 fragment (A layout: rows g, g+8 of keys key_row.., row chunks
   // 2·q_step, 2·q_step+1) into the (keys, rows) tile at byte offset `tile`. Conflict-free:
   // each quad writes one 16-byte chunk, the 8 rows 8 distinct bank groups.
@@ -473,7 +474,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
                               const uint32_t (&dsa)[kKeyMTiles][4]) {
 #pragma unroll
     for (int dp = 0; dp < kKvDTiles / 2; ++dp) {
-      const uint32_t off = (bk_lane_row + q_step * 16) * kRowBytes + kv_cols[dp];
+      const uint32_t off =
+          (bk_lane_row + q_step * 16) * kRowBytes + (kPtInShared ? kv_cols[dp] : bk_cols(dp));
       uint32_t dob[4], qb[4];
       ptx::ldmatrix_x4_trans(dob, smem_do + off);
       ptx::ldmatrix_x4_trans(qb, smem_q + off);
@@ -722,10 +724,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       const int local_key = warp_key0 + 16 * mt + g + 8 * half;
 #pragma unroll
       for (int dt = 0; dt < kKvDTiles; ++dt) {
-        const uint32_t at = swizzle<Cfg>(local_key, kv_col0 / 8 + dt) + 4 * t;
-        *reinterpret_cast<uint32_t*>(smem + at) =
+        // (The address after the value, as written: the 16-key path's PTX as before.)
+        const int chunk = kv_col0 / 8 + dt;
+        *reinterpret_cast<uint32_t*>(smem + swizzle<Cfg>(local_key, chunk) + 4 * t) =
             ptx::pack2<T>(dk[mt][dt][2 * half], dk[mt][dt][2 * half + 1]);
-        *reinterpret_cast<uint32_t*>(smem + Cfg::kVOffset + at) =
+        *reinterpret_cast<uint32_t*>(smem + Cfg::kVOffset + swizzle<Cfg>(local_key, chunk) + 4 * t) =
             ptx::pack2<T>(dv[mt][dt][2 * half], dv[mt][dt][2 * half + 1]);
       }
     }
