@@ -39,27 +39,33 @@ struct MmaBackwardTraits;
 //   the third session's (3)          181.6 / 229.0 / 246.5   178.6 / 228.6 / 241.9
 //   the fourth session's (4)         182.3 / 222.7 / 243.2   194.0 / 233.8 / 247.1
 //   d=128 on 32-key warps (5)              -                     - / 255.1 / 271.4
+//   this kernel (6)                        - / 231.9 / 251.3         - / 250.3 / 268.8
 // (1) one call, first session; (2) one call, second session (dQ by 16-byte reductions, one
 // barrier per step); (3) one call, third session: chunks, dPᵀ from −D, the unmasked P/dS
 // copy, 8-byte reductions, d=64 at 128 rows; (4) one call, fourth session: dQ on 32 x 32
 // warp tiles, row stats untouched until staged, predicated dQ adds. The last two measured
 // 0.96-0.98x of the 32 x 32 tile alone at 4k, so the kernel is that tile alone (JOURNEY
 // "Step 3b, fourth session"). (5) one call, fifth session, beside main's binary at 236.2 /
-// 248.2 (JOURNEY "Step 3b, fifth session"). The 4-warp shape was not re-timed since (1).
+// 248.2 (JOURNEY "Step 3b, fifth session"). (6) one call (bwd4b): d=64 on the fourth
+// session's machine code, d=128 on (5)'s layout, beside the fourth session's binary at
+// 232.3 / 252.1 (d=64) and 235.6 / 245.3 (d=128). The 4-warp shape was not re-timed since (1).
 // d=64 takes 128 query rows per step (FlashAttention-2's d=64 tile, 128 x 128) in two chunks
 // of 64, on 16-key warps: Sᵀ and dPᵀ 32 registers each, dK and dV 64 each, Pᵀ in registers,
 // 176 LDSM a step. Half the steps per key block of 64-row steps, so half the barriers,
 // row-stat stagings, Q/dO issues and step bookkeeping. FlashAttention-2's 32-key warps (one
 // chunk of 128 rows, warp tiles 32 keys x 64 rows, 144 LDSM) measured 0.91-0.95x of this
-// (bf16, 4k and 16k, causal and not; JOURNEY "Step 3b, fifth session"), so d=64 stays here.
-// No local loads or stores (cuobjdump -sass, sm_90a).
+// (bf16, 4k and 16k, causal and not; JOURNEY "Step 3b, fifth session"), so d=64 stays here,
+// its kernels the fourth session's instruction for instruction. No local loads or stores
+// (cuobjdump -sass, sm_90a).
 template <>
 struct MmaBackwardTraits<64> : MmaBackwardConfig<64, 128, 8, 1, 64, kBackwardDqWarpMTiles, 16> {};
 // d=128 takes each step's 64 rows in one chunk on FlashAttention-2's 32-key warps: Sᵀ and
 // dPᵀ 32 keys x 32 rows a warp (32 registers each next to dK and dV's 64 each), Pᵀ and dSᵀ
 // through shared memory, 144 LDSM a step (16-key warps in two chunks of 32: 192). Measured
-// 1.07-1.11x of the 16-key warps (bf16, 4k and 16k, causal and not). The plain bf16 kernel
-// keeps 8 bytes of stack (one local store, two loads a step; cuobjdump -sass, sm_90a).
+// 1.07-1.11x of the 16-key warps (bf16, 4k and 16k, causal and not), and this kernel
+// 1.06-1.11x in the bwd4b call (1.03x in the second timing of causal 4k, the noisiest
+// point). The plain bf16 kernel keeps 8 bytes of stack (one local store, two loads a step;
+// cuobjdump -sass, sm_90a).
 template <>
 struct MmaBackwardTraits<128> : MmaBackwardConfig<128, 64, 8, 1, 64, kBackwardDqWarpMTiles, 32> {};
 
