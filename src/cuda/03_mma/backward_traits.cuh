@@ -1,7 +1,7 @@
 // Tile sizes of the cuda_mma backward (backward_kernel.cuh), one configuration per
 // specialised head dim; any head dim 1..128 runs zero-padded on the next one up.
-// MmaBackwardConfig<kHeadDim, kBlockM, kNWarps (16 keys each), kMinBlocks, kChunkRows,
-// kDqWarpMTiles>.
+// MmaBackwardConfig<kHeadDim, kBlockM, kNWarps (16 keys' worth each), kMinBlocks, kChunkRows,
+// kDqWarpMTiles, kWarpKeys>.
 // Larger head dims are refused: dK and dV of a warp's 16 keys live in 2·kHeadDim/2
 // fp32 registers per thread, which at 256 leaves nothing for S and dP.
 #pragma once
@@ -25,8 +25,8 @@ inline constexpr int kBackwardDqWarpMTiles = FLASHTILE_MMA_BACKWARD_DQ_MTILES;
 
 template <int kHeadDim>
 struct MmaBackwardTraits;
-// Both head dims: 128 keys (8 warps of 16) per CTA, one CTA per SM (<= 255 registers);
-// 64 query rows per step at d=128 (161 KB of shared memory), 128 at d=64 (162 KB). Against
+// Both head dims: 128 keys (8 warps) per CTA, one CTA per SM (<= 255 registers); 64 query
+// rows per step at d=128 (161 KB of shared memory), 128 at d=64 (162 KB). Against
 // the first configuration, <D, 64, 4, 2> (64 keys, two CTAs per SM), it loads Q and dO and
 // adds dQ half as often per key. TFLOP/s of the backward (H200, bf16, non-causal, seqlen
 // 1k / 4k / 16k; docs/JOURNEY.md "Step 3b"):
@@ -37,29 +37,37 @@ struct MmaBackwardTraits;
 //   <D, 64, 8, 1>, second kernel (2) 151.0 / 185.1 / 194.4   176.6 / 203.0 / 215.1
 //   the same, re-timed (3)           149.2 / 183.1 / 194.0   169.4 / 201.7 / 214.2
 //   the third session's (3)          181.6 / 229.0 / 246.5   178.6 / 228.6 / 241.9
-//   today's (4)                      182.3 / 222.7 / 243.2   194.0 / 233.8 / 247.1
+//   the fourth session's (4)         182.3 / 222.7 / 243.2   194.0 / 233.8 / 247.1
+//   d=128 on 32-key warps (5)              -                     - / 255.1 / 271.4
+//   this kernel (6)                        - / 231.9 / 251.3         - / 250.3 / 268.8
 // (1) one call, first session; (2) one call, second session (dQ by 16-byte reductions, one
 // barrier per step); (3) one call, third session: chunks, dPᵀ from −D, the unmasked P/dS
 // copy, 8-byte reductions, d=64 at 128 rows; (4) one call, fourth session: dQ on 32 x 32
 // warp tiles, row stats untouched until staged, predicated dQ adds. The last two measured
 // 0.96-0.98x of the 32 x 32 tile alone at 4k, so the kernel is that tile alone (JOURNEY
-// "Step 3b, fourth session"). The 4-warp shape was not re-timed since (1).
+// "Step 3b, fourth session"). (5) one call, fifth session, beside main's binary at 236.2 /
+// 248.2 (JOURNEY "Step 3b, fifth session"). (6) one call (bwd4b): d=64 on the fourth
+// session's machine code, d=128 on (5)'s layout, beside the fourth session's binary at
+// 232.3 / 252.1 (d=64) and 235.6 / 245.3 (d=128). The 4-warp shape was not re-timed since (1).
 // d=64 takes 128 query rows per step (FlashAttention-2's d=64 tile, 128 x 128) in two chunks
-// of 64: the registers of d=128's chunks (Sᵀ and dPᵀ 64, dK and dV 64 a thread), half the
-// steps per key block, so half the barriers, row-stat stagings, Q/dO issues and step
-// bookkeeping per FLOP (162 KB of shared memory; no local loads or stores in any kernel).
-// Alone (before the unmasked P/dS copy) it measured 0.94x / 0.96x of 64 rows at 4k
-// (non-causal / causal); 128 against 64 rows was not re-measured on today's kernel.
+// of 64, on 16-key warps: Sᵀ and dPᵀ 32 registers each, dK and dV 64 each, Pᵀ in registers,
+// 176 LDSM a step. Half the steps per key block of 64-row steps, so half the barriers,
+// row-stat stagings, Q/dO issues and step bookkeeping. FlashAttention-2's 32-key warps (one
+// chunk of 128 rows, warp tiles 32 keys x 64 rows, 144 LDSM) measured 0.91-0.95x of this
+// (bf16, 4k and 16k, causal and not; JOURNEY "Step 3b, fifth session"), so d=64 stays here,
+// its kernels the fourth session's instruction for instruction. No local loads or stores
+// (cuobjdump -sass, sm_90a).
 template <>
-struct MmaBackwardTraits<64> : MmaBackwardConfig<64, 128, 8, 1, 64, kBackwardDqWarpMTiles> {};
-// d=128 walks each step's 64 rows in two chunks of 32 (Sᵀ and dPᵀ 32 registers a thread,
-// not 64; K and V fragments read twice, 200 LDSM a step instead of 184). Local loads /
-// stores in cuobjdump -sass (sm_90a, bf16 and fp16 alike), the second session's kernel ->
-// today's: plain 0/0 -> 0/0, softcap 18/22 -> 1/3, ALiBi 18/21 -> 0/0, both 3/5 -> 1/3, the
-// narrow path's kernel 8/9 -> 11/11. Alone (before the unmasked P/dS copy), the chunks
-// measured 0.98-0.99x of one chunk at 4k (d=128, causal and not; Step 3b, third session).
+struct MmaBackwardTraits<64> : MmaBackwardConfig<64, 128, 8, 1, 64, kBackwardDqWarpMTiles, 16> {};
+// d=128 takes each step's 64 rows in one chunk on FlashAttention-2's 32-key warps: Sᵀ and
+// dPᵀ 32 keys x 32 rows a warp (32 registers each next to dK and dV's 64 each), Pᵀ and dSᵀ
+// through shared memory, 144 LDSM a step (16-key warps in two chunks of 32: 192). Measured
+// 1.07-1.11x of the 16-key warps (bf16, 4k and 16k, causal and not), and this kernel
+// 1.06-1.11x in the bwd4b call (1.03x in the second timing of causal 4k, the noisiest
+// point). The plain bf16 kernel keeps 8 bytes of stack (one local store, two loads a step;
+// cuobjdump -sass, sm_90a).
 template <>
-struct MmaBackwardTraits<128> : MmaBackwardConfig<128, 64, 8, 1, 32, kBackwardDqWarpMTiles> {};
+struct MmaBackwardTraits<128> : MmaBackwardConfig<128, 64, 8, 1, 64, kBackwardDqWarpMTiles, 32> {};
 
 // The smallest backward head dim that holds head_dim (0 when none does).
 constexpr int backward_head_dim(int64_t head_dim) {
