@@ -212,7 +212,7 @@ struct Bench {
     time({"exp2", label, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true}, flops,
          size_t(p.batch * p.seqlen_q * p.heads_q * p.head_dim), 0, [&] {
            detail::mma::launch_mma_forward<__nv_bfloat16, Cfg, detail::LogitsFlags<true, false>,
-                                           true>(p, nullptr);
+                                           true>(p, {}, nullptr);
          });
   }
   void softcap_exp2_split() {
@@ -248,7 +248,7 @@ struct Bench {
     time({"shape", label, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true}, flops,
          size_t(p.batch * p.seqlen_q * p.heads_q * p.head_dim), 0, [&] {
            detail::mma::launch_mma_forward<__nv_bfloat16, Cfg, detail::LogitsFlags<false, false>,
-                                           true, Schedule>(p, nullptr);
+                                           true, Schedule>(p, {}, nullptr);
          });
   }
   void window_shapes() {
@@ -324,7 +324,7 @@ struct Bench {
       const detail::AttentionParams p = detail::validate({q, k, v, &out, &vl, o});
       time({"varlen", "packed 256..4096 (kernel)", vl.batch, kTokens, heads, d, causal}, flops,
            size_t(kTokens * heads * d), 0,
-           [&] { detail::mma::run_mma_forward<__nv_bfloat16, 128>(p, nullptr); });
+           [&] { detail::mma::run_mma_forward<__nv_bfloat16, 128>(p, {}, nullptr); });
       dense("varlen", "dense, same work", mean, d, o);
     }
   }
@@ -393,7 +393,7 @@ void run_head_dim(Buffers& buf) {
       const double flops = 4.0 * p.batch * s * s * p.heads_q * d / (causal ? 2.0 : 1.0);
       auto time_one = [&]<class Cfg>() {
         const double ms = cuda_median_ms(0, 5, 25, [&] {
-          mma::launch_mma_forward<__nv_bfloat16, Cfg, LogitsFlags<false, false>, true>(p, nullptr);
+          mma::launch_mma_forward<__nv_bfloat16, Cfg, LogitsFlags<false, false>, true>(p, {}, nullptr);
         });
         std::printf("d=%-3d %-6s s=%-6lld %-28s %8.3f ms %7.1f TFLOP/s  smem %d\n", d,
                     causal ? "causal" : "full", (long long)s, describe<Cfg>().c_str(), ms,

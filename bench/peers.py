@@ -23,6 +23,7 @@ forward and the backward together (3.5x).
 
   python3 bench/peers.py --cli build/tools/flashtile --out bench/results
   python3 bench/peers.py --pass bwd --head-dims 64,128 --dtype bf16 --seqlens 1024,4096,16384
+  python3 bench/peers.py --batch-heads 1,1 --seqlens 1024,4096 --backends cuda_mma,cuda_sm90
 """
 import argparse
 import csv
@@ -69,7 +70,7 @@ def run_peers(args, on_row=lambda rows: None):
         for d in args.head_dims:
             for causal in args.causal:
                 for s in args.seqlens:
-                    b, h = TOKENS // s, HIDDEN // d
+                    b, h = args.batch_heads or (TOKENS // s, HIDDEN // d)
                     gen = torch.Generator(device="cuda").manual_seed(0)
 
                     def make():
@@ -119,7 +120,7 @@ def run_flashtile(args, on_row=lambda rows: None):
     rows = []
     # One sweep per dtype, or with --write-each-row one CLI call per grid point, so that a run
     # cut short keeps every point it finished.
-    if args.write_each_row:
+    if args.write_each_row or args.batch_heads:
         sweeps = [(dtype, [d], [c], [s]) for dtype in args.dtype for d in args.head_dims
                   for c in args.causal for s in args.seqlens]
     else:
@@ -127,11 +128,16 @@ def run_flashtile(args, on_row=lambda rows: None):
     for dtype, head_dims, causals, seqlens in sweeps:
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "flashtile.json")
-            cmd = [args.cli, "bench", "--sweep", "--dtype", dtype, "--backends", ",".join(args.backends),
-                   "--sweep-head-dims", ",".join(map(str, head_dims)),
-                   "--sweep-seqlens", ",".join(map(str, seqlens)),
-                   "--sweep-causal", ",".join("1" if c else "0" for c in causals),
+            cmd = [args.cli, "bench", "--dtype", dtype, "--backends", ",".join(args.backends),
                    "--pass", args.pass_, "--output", out]
+            if args.batch_heads:  # one point: (batch, heads) as given
+                cmd += ["--batch", str(args.batch_heads[0]), "--heads", str(args.batch_heads[1]),
+                        "--seqlen", str(seqlens[0]), "--head-dim", str(head_dims[0])]
+                cmd += ["--causal"] if causals[0] else []
+            else:
+                cmd += ["--sweep", "--sweep-head-dims", ",".join(map(str, head_dims)),
+                        "--sweep-seqlens", ",".join(map(str, seqlens)),
+                        "--sweep-causal", ",".join("1" if c else "0" for c in causals)]
             if args.cli_repeats:  # fewer timed calls where a device call is short of time
                 cmd += ["--repeats", str(args.cli_repeats), "--warmup", str(args.cli_warmup)]
             print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
@@ -207,10 +213,16 @@ def main():
                    help="timed calls per point for the CLI (default: the CLI's own, 20)")
     p.add_argument("--cli-warmup", type=int, default=1,
                    help="untimed calls per point for the CLI, with --cli-repeats")
+    p.add_argument("--batch-heads", type=ints, default=None,
+                   help="B,H: every point at batch B and H query heads instead of the field's "
+                        "16k tokens and hidden 2048 (e.g. 1,1: one head, too few tiles to fill "
+                        "the GPU: the split-KV cases)")
     p.add_argument("--write-each-row", action="store_true",
                    help="rewrite the output files after every row (the CLI then runs one call "
                         "per grid point), so that a run cut short keeps what it measured")
     args = p.parse_args()
+    if args.batch_heads and (len(args.batch_heads) != 2 or min(args.batch_heads) < 1):
+        p.error("--batch-heads takes two positive integers, B,H")
 
     os.makedirs(args.out, exist_ok=True)
     # fp32 means fp32: no TF32 in torch's matmuls (the MATH peer) or convolutions.

@@ -27,13 +27,14 @@ FT_HOST_DEVICE KeyBlocks<Int> split_key_blocks(const KeyBlocks<Int>& blocks, int
 }
 
 // How many splits a call gets: 1 when `tiles` already reach `target_tiles` (the workers:
-// threads, or CTAs the GPU holds at once), else enough to reach it, keeping at least
-// `min_blocks_per_split` key blocks (of the tile that sees the most) in each and at most
-// `max_splits`.
+// threads, or CTAs the GPU holds at once), else as many as fit in them (tiles x splits <=
+// target_tiles: one more would start a second wave, whose tail costs what the split saved),
+// keeping at least `min_blocks_per_split` key blocks (of the tile that sees the most) in each
+// and at most `max_splits`.
 inline int choose_splits(int64_t tiles, int64_t max_key_blocks, int64_t target_tiles,
                          int64_t min_blocks_per_split, int max_splits) {
   if (tiles <= 0 || tiles >= target_tiles) return 1;
-  int64_t splits = (target_tiles + tiles - 1) / tiles;
+  int64_t splits = target_tiles / tiles;
   const int64_t by_blocks = max_key_blocks / min_blocks_per_split;
   splits = splits < by_blocks ? splits : by_blocks;
   splits = splits < max_splits ? splits : max_splits;

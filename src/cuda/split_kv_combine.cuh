@@ -5,7 +5,8 @@
 // NaN rule, no sink: those belong to the whole row). combine_partials_unrolled
 // (src/attn/split_kv.hpp) turns a row's partial LSEs into weights and the row's LSE with the
 // rules of cpu_flash's combine_partials, in registers.
-// Any kernel family can use it: the partials are fp32 whatever the output dtype.
+// Any kernel family can use it: the partials are fp32 whatever the output dtype. The host
+// side (how many splits, the workspace, the launch sequence) is split_kv_launch.hpp.
 //
 // On sm_90+ the combine can be a programmatic dependent launch: its CTAs are scheduled
 // while the forward still runs (as soon as every forward CTA has called
@@ -62,6 +63,25 @@ struct SplitPartials {
     return parts;
   }
 };
+
+// A split forward's partial of one row, from the thread that holds column pair (8c + 2t,
+// 8c + 2t + 1) of every 8-column tile c < kColTiles (the mma.sync and wgmma accumulator
+// layouts; pair_of(c) returns it unnormalised): the row normalised by its own denominator,
+// fp32, and (t == 0) its LSE. st is the row's state over this split's keys, l summed over
+// the quad already; no NaN rule and no sink (the combine applies them to the whole row).
+template <int kColTiles, class PairOf>
+__device__ __forceinline__ void store_partial_row(const SplitPartials& parts, int64_t tile,
+                                                  int split, int local_row, int t,
+                                                  const SoftmaxState<float>& st, PairOf pair_of) {
+  const float scale = output_scale(st);  // 0 when this split saw no key of the row
+  float* to = parts.out_row(tile, split, local_row) + 2 * t;
+#pragma unroll
+  for (int c = 0; c < kColTiles; ++c) {
+    const float2 x = pair_of(c);
+    *reinterpret_cast<float2*>(to + 8 * c) = make_float2(x.x * scale, x.y * scale);
+  }
+  if (t == 0) parts.lse[parts.row_index(tile, split, local_row)] = log_sum_exp(st);
+}
 
 // A forward kernel whose partials a programmatically launched combine reads calls this
 // (any thread, any time: the combine still waits for the whole grid to finish). No-op below
@@ -166,7 +186,8 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
   combine_row<T, kPairsPerLane>(p, parts, seq, mask, b, h, query_block, local_row, lane);
 }
 
-// Merges `parts` into p.o and p.lse on `stream`. overlap_with_producer: launch it as a
+// Merges `parts` into p.o and p.lse on `stream` (instantiated in split_kv.cu alone, for every
+// output dtype; run_split_forward calls it). overlap_with_producer: launch it as a
 // programmatic dependent of the kernel just before it on `stream` (sm_90+ devices only; that
 // kernel should call allow_dependent_launch(), else the combine starts when it ends).
 template <class T>
@@ -176,9 +197,9 @@ void launch_split_kv_combine(const AttentionParams& p, const SplitPartials& part
   if (parts.block_m % kRowsPerCta != 0)
     throw Error(ErrorKind::runtime, "split-KV combine: block_m must be a multiple of 4");
   // float2 loads of the partials: rows of an even pitch stay 8-byte aligned.
-  if (parts.pitch % 2 != 0 || parts.pitch > 128 || parts.pitch < p.head_dim)
+  if (parts.pitch % 2 != 0 || parts.pitch > 256 || parts.pitch < p.head_dim)
     throw Error(ErrorKind::runtime,
-                "split-KV combine: the partials' pitch must be even, at most 128 and at least "
+                "split-KV combine: the partials' pitch must be even, at most 256 and at least "
                 "head_dim; got " + std::to_string(parts.pitch));
   if (parts.splits < 1 || parts.splits > kMaxSplits)
     throw Error(ErrorKind::runtime, "split-KV combine: splits must lie in [1, " +
@@ -195,11 +216,13 @@ void launch_split_kv_combine(const AttentionParams& p, const SplitPartials& part
   programmatic.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &programmatic;
   config.numAttrs = overlap_with_producer ? 1 : 0;
-  // One column pair per lane up to a pitch of 64, two up to 128.
+  // One column pair per lane up to a pitch of 64, two up to 128, four up to 256.
   const cudaError_t status =
       parts.pitch <= 64
           ? cudaLaunchKernelEx(&config, combine_split_kv_kernel<T, kRowsPerCta, 1>, p, parts)
-          : cudaLaunchKernelEx(&config, combine_split_kv_kernel<T, kRowsPerCta, 2>, p, parts);
+      : parts.pitch <= 128
+          ? cudaLaunchKernelEx(&config, combine_split_kv_kernel<T, kRowsPerCta, 2>, p, parts)
+          : cudaLaunchKernelEx(&config, combine_split_kv_kernel<T, kRowsPerCta, 4>, p, parts);
   check_cuda(status, "cudaLaunchKernelEx(combine_split_kv_kernel)");
   check_launch("combine_split_kv_kernel");
 }

@@ -18,6 +18,9 @@
 #include "support/device_case.hpp"
 #include "support/large_offsets.hpp"
 #include "support/oracle_check.hpp"
+#include "support/refusal.hpp"
+#include "support/scoped_env.hpp"
+#include "support/split_kv_cases.hpp"
 #include "support/variants.hpp"
 
 namespace flashtile {
@@ -139,6 +142,26 @@ TEST_P(CudaMmaGrid, VarlenMatchesOracle) {
         s.strided = d == 128;
         expect_matches_oracle(s);
       }
+}
+
+// Split-KV (JOURNEY 3i) pinned by FLASHTILE_MMA_SPLITS: never, 3 (uneven shares) and 16
+// (many empty ones); unpinned, the small shapes of the other tests split wherever the GPU
+// holds more CTAs than they have tiles. Head dims 36 (the narrow kernel, split) and 96, 256
+// (the combine's pitches of 96 and 256) among them; a packed varlen batch too.
+TEST_P(CudaMmaGrid, SplitKvMatchesOracle) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  for (const char* splits : {"1", "3", "16"}) {
+    SCOPED_TRACE(std::string("splits ") + splits);
+    const testing::ScopedEnv pinned("FLASHTILE_MMA_SPLITS", splits);
+    for (const Shape& s : testing::split_kv_shapes(GetParam(), {64, 128, 96, 256, 36}, true))
+      expect_matches_oracle(s);
+    const testing::VarlenBatch& batch = testing::varlen_batches()[1];
+    for (const testing::Variant& v : testing::varlen_variants()) {
+      Shape s = testing::with_variant(shape_of(GetParam(), 1, 0, 0, 4, 2, 128), v);
+      s.varlen_q = batch.q, s.varlen_k = batch.k, s.seqused_k = batch.used;
+      expect_matches_oracle(s);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaMmaGrid, ::testing::Values(DType::bf16, DType::f16),
@@ -363,6 +386,45 @@ TEST(CudaMma, DeterministicOver100Runs) {
   ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, d, kMma, 100));
 }
 
+// The write-up's shape (B=1, H=1, N=1024) cannot fill a large GPU: the backend splits its
+// keys by itself (its plan names the partials' workspace), bitwise the same run to run; a
+// full batch or FLASHTILE_MMA_SPLITS=1 takes none, and a bad pin is refused.
+TEST(CudaMma, SmallCallsSplitTheirKeys) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  const testing::ScopedEnv unpinned("FLASHTILE_MMA_SPLITS", nullptr);
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  for (int64_t d : {64, 128}) {
+    AttentionCase c(shape_of(DType::bf16, 1, 1024, 1024, 1, 1, d));
+    DeviceCase dc(c);
+    const Plan planned = plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view, dc.options(c, kMma));
+    // 8 query blocks of 128 rows against 2 CTAs a SM: split wherever there are 8+ SMs.
+    if (sms >= 8) EXPECT_GT(planned.workspace_bytes, 0) << "d=" << d;
+    dc.run(c, kMma);
+    expect_oracle(c);
+    ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, dc, kMma, 20));
+    {
+      const testing::ScopedEnv never("FLASHTILE_MMA_SPLITS", "1");
+      EXPECT_EQ(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view, dc.options(c, kMma))
+                    .workspace_bytes,
+                0);
+    }
+  }
+  AttentionCase big(shape_of(DType::bf16, 16, 1024, 1024, 16, 16, 64));
+  DeviceCase db(big);
+  EXPECT_EQ(plan(db.q.view, db.k.view, db.v.view, db.out.view, db.options(big, kMma))
+                .workspace_bytes,
+            0);
+  for (const char* bad : {"0", "17", "two"}) {
+    const testing::ScopedEnv pinned("FLASHTILE_MMA_SPLITS", bad);
+    AttentionCase c(shape_of(DType::bf16, 1, 17, 17, 1, 1, 64));
+    DeviceCase dc(c);
+    testing::expect_refused(dc.q.view, dc.k.view, dc.v.view, dc.out, kMma,
+                            ErrorKind::invalid_argument,
+                            "FLASHTILE_MMA_SPLITS must be an integer from 1 to 16");
+  }
+}
+
 // Rows that do not start on 16 bytes are served with narrower accesses: pointers offset by
 // 2, 4 and 8 bytes (one per tensor in turn), odd strides (odd head dims, padded rows).
 TEST(CudaMma, MisalignedPointersAndStridesAreServed) {
@@ -399,21 +461,8 @@ TEST(CudaMma, MisalignedPointersAndStridesAreServed) {
 
 void expect_refused(const TensorView& q, const TensorView& k, const TensorView& v,
                     testing::DeviceTensor& out, const std::string& message_part) {
-  out.buffer.fill_bytes(0xFF);
-  for (Backend backend : {kMma, Backend::automatic}) {
-    Options o;
-    o.backend = backend;
-    try {
-      forward(q, k, v, out.view, o);
-      ADD_FAILURE() << backend_name(backend) << " accepted: " << message_part;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::unsupported) << e.what();
-      EXPECT_NE(std::string(e.what()).find(message_part), std::string::npos) << e.what();
-    }
-  }
-  std::vector<unsigned char> bytes(out.buffer.bytes());
-  out.buffer.copy_to_host(bytes.data(), bytes.size());
-  for (unsigned char byte : bytes) ASSERT_EQ(byte, 0xFF) << "out was written on error";
+  for (Backend backend : {kMma, Backend::automatic})
+    testing::expect_refused(q, k, v, out, backend, ErrorKind::unsupported, message_part);
 }
 
 // What is left to refuse: elements at odd addresses (a 16-bit load cannot be issued there).

@@ -20,7 +20,9 @@
 #include "support/device_case.hpp"
 #include "support/large_offsets.hpp"
 #include "support/oracle_check.hpp"
+#include "support/refusal.hpp"
 #include "support/scoped_env.hpp"
+#include "support/split_kv_cases.hpp"
 #include "support/variants.hpp"
 #if FLASHTILE_WITH_SM90
 #include "cuda/04_sm90/sm90.hpp"
@@ -164,6 +166,62 @@ TEST_P(CudaSm90Grid, EveryPipelineMatchesOracle) {
       s.causal = true, s.softcap = 20.0f, s.alibi = true;
       expect_matches_oracle(s);
     }
+  }
+}
+
+// Split-KV (step 4.10) pinned by FLASHTILE_SM90_SPLITS: never, 3 (uneven shares), 16 (many
+// empty ones), on the pipelines that split (4.3-4.5 and 4.7's 192-row ones) and unpinned,
+// where d=256 full from 4k (4.6, persistent) takes 4.4 once split; a pinned pipeline that
+// does not split (4.1, 4.2, 4.6) runs the call whole.
+TEST_P(CudaSm90Grid, SplitKvMatchesOracle) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  std::vector<PinnedPipeline> pipelines = {{"", {64, 128, 256}}};  // "": unpinned
+  for (const PinnedPipeline& p : every_pipeline())
+    if (!small_grid() || std::string(p.name) == "tma_ws_m192" || std::string(p.name) == "tma")
+      pipelines.push_back(p);
+  for (const char* splits : {"1", "3", "16"})
+    for (const PinnedPipeline& pipeline : pipelines) {
+      SCOPED_TRACE(std::string("splits ") + splits + ", pipeline " +
+                   (*pipeline.name ? pipeline.name : "unpinned"));
+      const testing::ScopedEnv pinned_splits("FLASHTILE_SM90_SPLITS", splits);
+      const testing::ScopedEnv pinned_pipeline("FLASHTILE_SM90_PIPELINE",
+                                               *pipeline.name ? pipeline.name : nullptr);
+      // The unpinned run takes the variants; each pinned pipeline the dense shapes.
+      for (const Shape& s :
+           testing::split_kv_shapes(GetParam(), pipeline.head_dims, !*pipeline.name))
+        expect_matches_oracle(s);
+    }
+  const testing::ScopedEnv unpinned("FLASHTILE_SM90_SPLITS", nullptr);
+  expect_matches_oracle(shape_of(GetParam(), 1, 4096, 4096, 1, 1, 256));  // 4.6 -> 4.4 split
+}
+
+// The write-up's shape (B=1, H=1, N=1024) splits by itself (its plan names the workspace),
+// bitwise the same run to run; FLASHTILE_SM90_SPLITS=1 takes none; a bad pin is refused.
+TEST(CudaSm90, SmallCallsSplitTheirKeys) {
+  SKIP_WITHOUT_SM90_DEVICE();
+  const testing::ScopedEnv unpinned("FLASHTILE_SM90_SPLITS", nullptr);
+  for (int64_t d : {64, 128, 256}) {
+    AttentionCase c(shape_of(DType::bf16, 1, 1024, 1024, 1, 1, d));
+    DeviceCase dc(c);
+    EXPECT_GT(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view, dc.options(c, kSm90))
+                  .workspace_bytes,
+              0)
+        << "d=" << d;
+    dc.run(c, kSm90);
+    expect_oracle(c);
+    ASSERT_NO_FATAL_FAILURE(testing::assert_runs_repeat_bitwise(c, dc, kSm90, 20));
+    const testing::ScopedEnv never("FLASHTILE_SM90_SPLITS", "1");
+    EXPECT_EQ(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view, dc.options(c, kSm90))
+                  .workspace_bytes,
+              0);
+  }
+  for (const char* bad : {"0", "17", "two"}) {
+    const testing::ScopedEnv pinned("FLASHTILE_SM90_SPLITS", bad);
+    AttentionCase c(shape_of(DType::bf16, 1, 17, 17, 1, 1, 64));
+    DeviceCase dc(c);
+    testing::expect_refused(dc.q.view, dc.k.view, dc.v.view, dc.out, kSm90,
+                            ErrorKind::invalid_argument,
+                            "FLASHTILE_SM90_SPLITS must be an integer from 1 to 16");
   }
 }
 

@@ -20,6 +20,7 @@
 #include "support/device_case.hpp"
 #include "support/nonfinite_cases.hpp"
 #include "support/oracle_check.hpp"
+#include "support/refusal.hpp"
 #include "support/scoped_env.hpp"
 #include "support/variants.hpp"
 
@@ -308,23 +309,7 @@ TEST(CudaTf32x3, ErrorDistributionBesideCudaTiled) {
   EXPECT_GT(single.values.back(), 1e-5);
 }
 
-void expect_refused(const TensorView& q, const TensorView& k, const TensorView& v,
-                    testing::DeviceTensor& out, Backend backend, ErrorKind kind,
-                    const std::string& message_part) {
-  out.buffer.fill_bytes(0xFF);
-  Options o;
-  o.backend = backend;
-  try {
-    forward(q, k, v, out.view, o);
-    ADD_FAILURE() << backend_name(backend) << " accepted: " << message_part;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.what();
-    EXPECT_NE(std::string(e.what()).find(message_part), std::string::npos) << e.what();
-  }
-  std::vector<unsigned char> bytes(out.buffer.bytes());
-  out.buffer.copy_to_host(bytes.data(), bytes.size());
-  for (unsigned char byte : bytes) ASSERT_EQ(byte, 0xFF) << "out was written on error";
-}
+using testing::expect_refused;
 
 TEST(CudaTf32x3, RefusalsNameTheArgumentAndWriteNothing) {
   SKIP_WITHOUT_TF32X3();

@@ -1,7 +1,9 @@
-// cuda_mma as a backend: what it accepts (checked on the host, before anything runs) and
+// cuda_mma as a backend: what it accepts (checked on the host, before anything runs), how
+// many key splits a call gets (split_kv_launch.hpp: when its tiles cannot fill the GPU) and
 // the dispatch to the head-dim specialisations. Every variant and varlen batch is served
 // (the kernel consumes them through src/attn/). The kernel and its journey note are in
 // kernel.cuh, the tile sizes in traits.cuh.
+// FLASHTILE_MMA_SPLITS=N pins the key splits to N (1 = never split; at most 16).
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -10,6 +12,7 @@
 #include "cuda/device_guard.cuh"
 #include "cuda/03_mma/backward_traits.cuh"
 #include "cuda/03_mma/traits.cuh"
+#include "cuda/split_kv_launch.hpp"
 
 namespace flashtile::detail {
 namespace {
@@ -32,14 +35,28 @@ std::string mma_unavailable() {
   return device_unsuitable(0);
 }
 
-int shared_bytes_for(int64_t head_dim) {
+// The tile of the kernel that serves a head dim (smem_bytes 0 when none does); its split
+// partials' pitch is the specialised head dim.
+template <class Cfg>
+SplitTile tile_of() {
+  return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kSmemBytes, Cfg::kMinBlocks, Cfg::kHeadDim};
+}
+SplitTile tile_for(int64_t head_dim) {
   switch (mma::specialised_head_dim(head_dim)) {
-    case 64: return mma::MmaTraits<64>::kSmemBytes;
-    case 96: return mma::MmaTraits<96>::kSmemBytes;
-    case 128: return mma::MmaTraits<128>::kSmemBytes;
-    case 256: return mma::MmaTraits<256>::kSmemBytes;
+    case 64: return tile_of<mma::MmaTraits<64>>();
+    case 96: return tile_of<mma::MmaTraits<96>>();
+    case 128: return tile_of<mma::MmaTraits<128>>();
+    case 256: return tile_of<mma::MmaTraits<256>>();
   }
-  return 0;
+  return {};
+}
+int shared_bytes_for(int64_t head_dim) { return tile_for(head_dim).smem_bytes; }
+
+SplitPlan mma_split_plan(const AttentionParams& p) {
+  return split_plan(p, tile_for(p.head_dim), "FLASHTILE_MMA_SPLITS");
+}
+int64_t mma_workspace_bytes(const AttentionParams& p) {
+  return mma_split_plan(p).workspace_bytes();
 }
 
 // Rows of any alignment are served (tile_io.cuh picks 16-byte copies or narrower ones),
@@ -76,23 +93,25 @@ std::string mma_unsupported(const AttentionParams& p) {
 }
 
 template <int kHeadDim>
-void run_for_dtype(const AttentionParams& p, cudaStream_t stream) {
+void run_for_dtype(const AttentionParams& p, const SplitPartials& parts, cudaStream_t stream) {
   if (p.dtype == DType::bf16)
-    mma::run_mma_forward<__nv_bfloat16, kHeadDim>(p, stream);
+    mma::run_mma_forward<__nv_bfloat16, kHeadDim>(p, parts, stream);
   else
-    mma::run_mma_forward<__half, kHeadDim>(p, stream);
+    mma::run_mma_forward<__half, kHeadDim>(p, parts, stream);
 }
 
 void run_mma(const AttentionParams& p) {
   const DeviceGuard on_device(p.device_index);
   auto stream = static_cast<cudaStream_t>(p.stream);
-  switch (mma::specialised_head_dim(p.head_dim)) {
-    case 64: run_for_dtype<64>(p, stream); break;
-    case 96: run_for_dtype<96>(p, stream); break;
-    case 128: run_for_dtype<128>(p, stream); break;
-    case 256: run_for_dtype<256>(p, stream); break;
-    default: throw Error(ErrorKind::unsupported, mma_unsupported(p));  // validated before
-  }
+  run_split_forward(p, mma_split_plan(p), stream, [&](const SplitPartials& parts) {
+    switch (mma::specialised_head_dim(p.head_dim)) {
+      case 64: run_for_dtype<64>(p, parts, stream); break;
+      case 96: run_for_dtype<96>(p, parts, stream); break;
+      case 128: run_for_dtype<128>(p, parts, stream); break;
+      case 256: run_for_dtype<256>(p, parts, stream); break;
+      default: throw Error(ErrorKind::unsupported, mma_unsupported(p));  // validated before
+    }
+  });
 }
 
 // ---- the backward (backward_kernel.cuh) --------------------------------------------------
@@ -156,7 +175,7 @@ void run_mma_backward(const BackwardParams& bp) {
 
 BackendEntry make_cuda_mma_backend() {
   BackendEntry entry{Backend::cuda_mma, DeviceType::cuda, /*priority=*/30, mma_unavailable,
-                     mma_unsupported, no_workspace, run_mma};
+                     mma_unsupported, mma_workspace_bytes, run_mma};
   entry.backward_workspace_bytes = mma_backward_workspace_bytes;
   entry.run_backward = run_mma_backward;
   entry.backward_unsupported_reason = mma_backward_unsupported;

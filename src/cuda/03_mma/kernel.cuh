@@ -57,6 +57,7 @@
 #include "attn/block_range.hpp"
 #include "attn/seqlen.hpp"
 #include "attn/softmax_state.hpp"
+#include "attn/split_kv.hpp"
 #include "attn/variant.hpp"
 #include "cuda/03_mma/pieces.cuh"
 #include "cuda/03_mma/tile_io.cuh"
@@ -64,6 +65,7 @@
 #include "cuda/mma_fragment.cuh"
 #include "cuda/ptx/exp2_fma.cuh"
 #include "cuda/ptx/mma.cuh"
+#include "cuda/split_kv_combine.cuh"
 
 namespace flashtile::detail::mma {
 
@@ -166,9 +168,15 @@ inline bool block_major_grid_fits(const AttentionParams& p) {
 // and out starts on 16 bytes and head_dim % 8 == 0 (tile_io.cuh's aligned path), else the
 // narrow path.
 // Schedule: a BlockSchedule (GridSchedule for dense and causal calls).
-template <class T, class Cfg, class Logits, bool kAligned, class Schedule = GridSchedule>
+// kSplitKv (GridSchedule only): the keys are split in parts.splits (split-KV, JOURNEY 3i):
+// CTA x computes split x % splits of query block rank x / splits, and writes its partial and
+// LSE to the workspace for the combine (split_kv_combine.cuh); else out and lse directly.
+// A compile-time flag, not a test of parts.splits: the run-time test cost the unsplit plain
+// d=64 kernel 40 bytes of spills (sm_90a; its rows no longer derive from blockIdx alone).
+template <class T, class Cfg, class Logits, bool kAligned, class Schedule = GridSchedule,
+          bool kSplitKv = false>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
-    mma_forward_kernel(const AttentionParams p) {
+    mma_forward_kernel(const AttentionParams p, const SplitPartials parts) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kMTiles = Cfg::kMTiles, kNTiles = Cfg::kNTiles, kKSteps = Cfg::kKSteps;
   constexpr int kDTiles = Cfg::kDTiles, kPvSteps = Cfg::kPvSteps, kRowBytes = Cfg::kRowBytes;
@@ -184,25 +192,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int g = lane / 4, t = lane % 4;
   // The block-major schedule decodes its 1D index; GridSchedule reads the grid where it
   // always did (moving those reads changed the dense kernels' register allocation).
+  static_assert(!(kSplitKv && Schedule::kBlockMajor), "split calls keep the grid schedule");
+  constexpr bool split_kv = kSplitKv;
   BlockCoords at{};
   if constexpr (Schedule::kBlockMajor)
     at = block_major_coords<Cfg>(p, static_cast<int>(blockIdx.x));
+  const int splits = split_kv ? parts.splits : 1;
+  const int rank = Schedule::kBlockMajor ? at.rank : static_cast<int>(blockIdx.x) / splits;
+  const int count = Schedule::kBlockMajor ? at.count : static_cast<int>(gridDim.x) / splits;
   const int64_t h = Schedule::kBlockMajor ? at.h : blockIdx.y;
   const int64_t b = Schedule::kBlockMajor ? at.b : blockIdx.z, hk = h / p.heads_per_kv();
   // Where sequence b lives and how long it is (dense or varlen); the grid covers the
   // longest sequence, so blocks past this one's end have nothing to do.
   const SeqlenInfo<int> seq(p, b);
-  const int row_start =
-      heaviest_first_block(p.window_left, p.window_right,
-                           Schedule::kBlockMajor ? at.rank : static_cast<int>(blockIdx.x),
-                           Schedule::kBlockMajor ? at.count : static_cast<int>(gridDim.x)) *
-      kBlockM;
+  const int row_start = heaviest_first_block(p.window_left, p.window_right, rank, count) * kBlockM;
   if (row_start >= seq.seqlen_q) return;
+  // The combine (a programmatic dependent launch on sm_90) may be scheduled from here on.
+  if constexpr (split_kv) allow_dependent_launch();
   const Mask<int> mask = seq.mask(p);
-  // Key tiles some row of this block sees, and those every row sees whole (no mask);
-  // they are visited last-first, so tile i is key block blocks.end - 1 - i.
-  const KeyBlocks<int> blocks =
+  // Key tiles some row of this block sees (this split's share of them), and those every row
+  // sees whole (no mask); they are visited last-first, so tile i is key block blocks.end - 1 - i.
+  KeyBlocks<int> blocks =
       key_blocks(mask, row_start, min(row_start + kBlockM, seq.seqlen_q), kBlockN);
+  if constexpr (split_kv) blocks = split_key_blocks(blocks, static_cast<int>(blockIdx.x) % splits, splits);
   const int n_tiles = blocks.count();
   const int head_dim = static_cast<int>(p.head_dim);
   const int valid_chunks = head_dim / 8;  // the aligned path's whole chunks
@@ -443,6 +455,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   ptx::cp_async_wait<0>();
   __syncthreads();
 
+  if constexpr (split_kv) {  // fp32 partial rows straight from the accumulators
+    const int split = static_cast<int>(blockIdx.x) % splits;
+    const int64_t split_tile = parts.tile(b, h, p.heads_q, row_start / kBlockM);
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        SoftmaxState<float> st = state[mt][half];
+        st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
+        st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+        const int local_row = warp_row0 + mt * 16 + g + 8 * half;
+        if (row_start + local_row < seq.seqlen_q)
+          store_partial_row<kDTiles>(parts, split_tile, split, local_row, t, st, [&](int dt) {
+            return make_float2(o[mt][dt][2 * half], o[mt][dt][2 * half + 1]);
+          });
+      }
+    return;
+  }
   const float sink = sink_logit<float>(p, h);
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
@@ -497,20 +527,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 }
 
 // Launches the kernel for one configuration on `stream`; the grid covers the longest
-// sequence (p.seqlen_q) of every (head, batch entry).
-// A block-major Schedule needs block_major_grid_fits(p) (the dispatcher checks it).
-template <class T, class Cfg, class Logits, bool kAligned, class Schedule = GridSchedule>
-void launch_mma_forward(const AttentionParams& p, cudaStream_t stream) {
-  auto* kernel = &mma_forward_kernel<T, Cfg, Logits, kAligned, Schedule>;
+// sequence (p.seqlen_q) of every (head, batch entry), times parts.splits in x.
+// A block-major Schedule needs block_major_grid_fits(p) (the dispatcher checks it) and one split.
+template <class T, class Cfg, class Logits, bool kAligned, class Schedule = GridSchedule,
+          bool kSplitKv = false>
+void launch_mma_forward(const AttentionParams& p, const SplitPartials& parts,
+                        cudaStream_t stream) {
+  auto* kernel = &mma_forward_kernel<T, Cfg, Logits, kAligned, Schedule, kSplitKv>;
+  if (kSplitKv != (parts.splits > 1))
+    throw Error(ErrorKind::runtime, "cuda_mma: a split call reached an unsplit kernel or back");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   Cfg::kSmemBytes),
              "cudaFuncSetAttribute(mma_forward_kernel)");
   const int64_t query_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  dim3 grid(static_cast<unsigned>(query_blocks), static_cast<unsigned>(p.heads_q),
+  dim3 grid(static_cast<unsigned>(query_blocks * parts.splits), static_cast<unsigned>(p.heads_q),
             static_cast<unsigned>(p.batch));
   if constexpr (Schedule::kBlockMajor)
     grid = dim3(static_cast<unsigned>(query_blocks * p.heads_q * p.batch));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, parts);
   check_launch("mma_forward_kernel");
 }
 

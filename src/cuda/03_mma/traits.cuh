@@ -89,30 +89,43 @@ constexpr int specialised_head_dim(int64_t head_dim) {
 // One head dim's kernels, instantiated per head dim in hdim<D>.cu. The aligned path has one
 // kernel per LogitsFlags (attn/features.hpp) and the plain one again on WindowSchedule; the
 // narrow path (tile_io.cuh) a plain one and one that reads softcap and ALiBi at run time.
+// Split calls (parts.splits > 1) take one of two more: the plain aligned kernel split, or
+// the narrow run-time-logits one split, which serves every other call (a split call is
+// small: its kernel's speed matters less than filling the GPU); JOURNEY 3i.
 template <class T, int kHeadDim>
-void run_mma_forward(const AttentionParams& p, cudaStream_t stream) {
+void run_mma_forward(const AttentionParams& p, const SplitPartials& parts, cudaStream_t stream) {
   using Cfg = MmaTraits<kHeadDim>;
+  if (parts.splits > 1) {
+    if (rows_aligned_16(p) && p.softcap == 0.0f && p.alibi_slopes == nullptr)
+      launch_mma_forward<T, Cfg, LogitsFlags<false, false>, true, GridSchedule, true>(p, parts,
+                                                                                       stream);
+    else
+      launch_mma_forward<T, Cfg, RuntimeLogits, false, GridSchedule, true>(p, parts, stream);
+    return;
+  }
   if (rows_aligned_16(p)) {
     with_logits_flags(p, [&](auto logits) {
       using Logits = decltype(logits);
       if constexpr (Logits::kPlain && kWindowScheduleFits<kHeadDim>) {
         if (takes_window_schedule<Cfg>(p))
-          return launch_mma_forward<T, Cfg, Logits, true, WindowSchedule>(p, stream);
+          return launch_mma_forward<T, Cfg, Logits, true, WindowSchedule>(p, parts, stream);
       }
-      launch_mma_forward<T, Cfg, Logits, true>(p, stream);
+      launch_mma_forward<T, Cfg, Logits, true>(p, parts, stream);
     });
   } else if (p.softcap == 0.0f && p.alibi_slopes == nullptr) {
-    launch_mma_forward<T, Cfg, LogitsFlags<false, false>, false>(p, stream);
+    launch_mma_forward<T, Cfg, LogitsFlags<false, false>, false>(p, parts, stream);
   } else {
-    launch_mma_forward<T, Cfg, RuntimeLogits, false>(p, stream);
+    launch_mma_forward<T, Cfg, RuntimeLogits, false>(p, parts, stream);
   }
 }
 
 // Instantiated once per head dim in hdim<D>.cu (so the four compile in parallel) and
 // nowhere else: the dispatcher only sees these declarations.
-#define FLASHTILE_MMA_INSTANTIATIONS(prefix, D)                                       \
-  prefix template void run_mma_forward<__half, D>(const AttentionParams&, cudaStream_t); \
-  prefix template void run_mma_forward<__nv_bfloat16, D>(const AttentionParams&, cudaStream_t);
+#define FLASHTILE_MMA_INSTANTIATIONS(prefix, D)                                            \
+  prefix template void run_mma_forward<__half, D>(const AttentionParams&, const SplitPartials&, \
+                                                  cudaStream_t);                            \
+  prefix template void run_mma_forward<__nv_bfloat16, D>(const AttentionParams&,            \
+                                                         const SplitPartials&, cudaStream_t);
 FLASHTILE_MMA_INSTANTIATIONS(extern, 64)
 FLASHTILE_MMA_INSTANTIATIONS(extern, 96)
 FLASHTILE_MMA_INSTANTIATIONS(extern, 128)

@@ -85,6 +85,15 @@ std::string sm90_unsupported(const AttentionParams& p) {
   return "";
 }
 
+int64_t sm90_workspace_bytes(const AttentionParams& p) {
+#if FLASHTILE_WITH_SM90
+  return sm90::workspace_bytes(p);
+#else
+  (void)p;
+  return 0;
+#endif
+}
+
 void run_sm90(const AttentionParams& p) {
 #if FLASHTILE_WITH_SM90
   sm90::run_forward(p, p.stream);
@@ -110,7 +119,7 @@ int sm90_priority(const AttentionParams& p) {
 
 BackendEntry make_cuda_sm90_backend() {
   return {Backend::cuda_sm90, DeviceType::cuda, kSm90Priority, sm90_unavailable,
-          sm90_unsupported, no_workspace, run_sm90,
+          sm90_unsupported, sm90_workspace_bytes, run_sm90,
           /*backward_workspace_bytes=*/nullptr, /*run_backward=*/nullptr, sm90_priority};
 }
 

@@ -64,6 +64,16 @@ int persistent_cta_cap() {
   return static_cast<int>(ctas);
 }
 
+int64_t workspace_bytes(const AttentionParams& p) {
+  const std::optional<Pipeline> pinned = pipeline_from_environment();
+  switch (p.head_dim) {
+    case 64: return plan_sm90_call<Sm90Traits<64>>(p, pinned).split.workspace_bytes();
+    case 128: return plan_sm90_call<Sm90Traits<128>>(p, pinned).split.workspace_bytes();
+    case 256: return plan_sm90_call<Sm90Traits<256>>(p, pinned).split.workspace_bytes();
+  }
+  return 0;
+}
+
 void run_forward(const AttentionParams& p, void* stream_handle) {
   const DeviceGuard on_device(p.device_index);
   auto stream = static_cast<cudaStream_t>(stream_handle);

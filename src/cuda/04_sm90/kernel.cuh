@@ -62,10 +62,13 @@
 #include "attn/block_range.hpp"
 #include "attn/seqlen.hpp"
 #include "attn/softmax_state.hpp"
+#include "attn/split_kv.hpp"
 #include "attn/variant.hpp"
 #include "cuda/common.cuh"
 #include "cuda/04_sm90/tensor_map.cuh"
 #include "cuda/04_sm90/tile_schedule.hpp"
+#include "cuda/split_kv_combine.cuh"
+#include "cuda/split_kv_launch.hpp"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/mma.cuh"
 #include "cuda/ptx/tma.cuh"
@@ -240,6 +243,13 @@ constexpr bool uses_block_m192(Pipeline pipeline) {
   return pipeline == Pipeline::tma_ws_m192 || pipeline == Pipeline::tma_ws_overlap_m192 ||
          pipeline == Pipeline::tma_ping_pong_m192;
 }
+// Whether `pipeline` can split a call's keys (split-KV, step 4.10): the warp-specialised
+// one-block-per-CTA kernels (4.3-4.5, 4.7).
+constexpr bool splits_keys(Pipeline pipeline) {
+  return pipeline == Pipeline::tma_warp_specialized ||
+         pipeline == Pipeline::tma_warp_specialized_overlap ||
+         pipeline == Pipeline::tma_ping_pong || uses_block_m192(pipeline);
+}
 
 // Shared-memory map of one CTA: [ Q buffers (kBlockM, d) x kQBuffers | stage s: K (kBlockN,
 // d), V (kBlockN, d) ... | barriers: Q full[kQBuffers], K full, V full, K empty, V empty
@@ -324,6 +334,19 @@ struct CtaWork {
     return grouped_heaviest_first_item(x + m_blocks * (y + heads * static_cast<int>(blockIdx.z)),
                                        heads, heads_total, m_blocks, heads_per_group,
                                        p.window_left, p.window_right);
+  }
+  // A split call's grid (step 4.10): x = query block rank · splits + split, in the plain
+  // heaviest-first order (such a grid is small: no head groups); the CTA takes split
+  // x % splits of its block's key blocks (split_key_blocks).
+  __device__ __forceinline__ static CtaWork split_grid(const AttentionParams& p, int block_m,
+                                                       int block_n, int splits) {
+    const int x = static_cast<int>(blockIdx.x), m_blocks = static_cast<int>(gridDim.x) / splits;
+    CtaWork work(p, block_m, block_n,
+                 WorkItem{static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.y),
+                          heaviest_first_block(p.window_left, p.window_right, x / splits,
+                                               m_blocks)});
+    work.blocks = split_key_blocks(work.blocks, x % splits, splits);
+    return work;
   }
   __device__ __forceinline__ bool idle() const { return row_start >= seq.seqlen_q; }
   __device__ __forceinline__ int n_tiles() const { return blocks.count(); }
@@ -529,6 +552,27 @@ struct ConsumerWarpgroup {
     issue_pv(p_frag, v_tile);
     ptx::wgmma_wait<0>();
     fence_registers(o);
+  }
+
+  // A split call's epilogue: this warpgroup's rows of O as fp32 partials of split `split`,
+  // each normalised by its own denominator, and their LSEs, straight from the accumulators
+  // (split_kv_combine.cuh merges them and applies the NaN rule and the sink to the row).
+  __device__ __forceinline__ void store_partials(const AttentionParams& p, const CtaWork& work,
+                                                 const SplitPartials& parts, int split) {
+    const int64_t tile = parts.tile(work.b, work.h, p.heads_q, work.row_start / Cfg::kBlockM);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      SoftmaxState<float> st = state[half];
+      st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
+      st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+      const int local_row = row0 + frag.row(half);
+      if (work.row_start + local_row < work.seq.seqlen_q)
+        store_partial_row<Cfg::kHeadDim / 8>(parts, tile, split, local_row, frag.lane % 4, st,
+                                             [&](int c) {
+                                               return make_float2(o[4 * c + 2 * half],
+                                                                  o[4 * c + 2 * half + 1]);
+                                             });
+    }
   }
 
   // Normalises O, writes the LSE, stages O through this warpgroup's rows of the Q tile (its
@@ -862,16 +906,21 @@ __device__ __forceinline__ void consume_item_tiles(Consumer& wg, const SmemMap<C
 }
 
 // Steps 4.3-4.5: one query block per CTA (the grid of launch_sm90_kernel), in the order
-// heads_per_group gives (CtaWork::grid_item).
+// heads_per_group gives (CtaWork::grid_item); with parts.splits > 1 (step 4.10) one split of
+// a block's keys per CTA (CtaWork::split_grid), its partial written to the workspace.
 template <class T, class Cfg, bool kOverlap, bool kPingPong, bool kTransformed>
 __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     sm90_ws_forward_kernel(const AttentionParams p, const __grid_constant__ TmaMaps maps,
-                           const int heads_per_group) {
+                           const int heads_per_group, const SplitPartials parts) {
   static_assert(kRegisterSplitFits<Cfg>, "the register split fits the multiprocessor's 64K registers");
   extern __shared__ unsigned char smem_raw[];
   const SmemMap<Cfg> smem(smem_raw);
-  const CtaWork work(p, Cfg::kBlockM, Cfg::kBlockN, heads_per_group);
+  const bool split_kv = parts.splits > 1;
+  const CtaWork work = split_kv ? CtaWork::split_grid(p, Cfg::kBlockM, Cfg::kBlockN, parts.splits)
+                                : CtaWork(p, Cfg::kBlockM, Cfg::kBlockN, heads_per_group);
   if (work.idle()) return;
+  // The combine (a programmatic dependent launch) may be scheduled from here on.
+  if (split_kv) allow_dependent_launch();
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
   if (threadIdx.x == 0) init_ws_barriers(smem, /*q_released=*/false);
   __syncthreads();  // the barriers are initialised before anyone waits on them
@@ -891,7 +940,10 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
   ptx::mbarrier_wait(smem.q_full(0), 0);
   if (Consumer::needs_q_sign_flip(p)) wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
   consume_item_tiles<kOverlap, kPingPong>(wg, smem, smem.q, work, consumer, /*tile_base=*/0);
-  wg.epilogue(p, work, smem.base, consumer_barrier_id(consumer));
+  if (split_kv)  // the split of split_grid, from the grid (not kept across the loop)
+    wg.store_partials(p, work, parts, static_cast<int>(blockIdx.x) % parts.splits);
+  else
+    wg.epilogue(p, work, smem.base, consumer_barrier_id(consumer));
 }
 
 // Step 4.6 (Pipeline::tma_persistent): the consumers of 4.3 (kOverlap false), 4.4
@@ -1010,22 +1062,40 @@ int ws_heads_per_group(const AttentionParams& p, bool grouped, Kernel* kernel, i
   return heads_per_launch_group(resident, static_cast<int>(grid.x));
 }
 
-// Launches one pipeline on `stream`; the grid covers the longest sequence (p.seqlen_q) of
-// every (head, batch entry).
+// The grid of the one-block-per-CTA kernels: (query blocks x splits, heads, batch entries);
+// it covers the longest sequence (p.seqlen_q) of every (head, batch entry).
+template <class Cfg>
+dim3 block_grid(const AttentionParams& p, int splits) {
+  return dim3(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM * splits),
+              static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+}
+
+// Launches a warp-specialised one-block-per-CTA kernel (4.3-4.5, 4.7), split or not.
+template <class Cfg, class Kernel>
+void launch_ws_kernel(Kernel* kernel, const AttentionParams& p, const TmaMaps& maps,
+                      bool grouped_grid, const SplitPartials& parts, cudaStream_t stream) {
+  set_smem_limit(kernel, Cfg::kSmemBytes);
+  const dim3 grid = block_grid<Cfg>(p, parts.splits);
+  const int heads_per_group =
+      parts.splits > 1
+          ? 1
+          : ws_heads_per_group(p, grouped_grid, kernel, kWsThreads<Cfg>, Cfg::kSmemBytes, grid);
+  kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps, heads_per_group, parts);
+}
+
+// Launches one pipeline on `stream`; parts.splits > 1 only for those that splits_keys().
 template <class T, class Cfg, bool kTransformed>
 void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline pipeline,
-                        bool grouped_grid, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
-                  static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+                        bool grouped_grid, const SplitPartials& parts, cudaStream_t stream) {
+  if (parts.splits > 1 && !splits_keys(pipeline))
+    throw Error(ErrorKind::runtime, "cuda_sm90: a key split reached a pipeline that takes none");
+  const dim3 grid = block_grid<Cfg>(p, 1);
   auto launch = [&](auto* kernel, int threads) {
     set_smem_limit(kernel, Cfg::kSmemBytes);
     kernel<<<grid, threads, Cfg::kSmemBytes, stream>>>(p, maps);
   };
   auto launch_ws = [&](auto* kernel) {
-    set_smem_limit(kernel, Cfg::kSmemBytes);
-    const int heads_per_group =
-        ws_heads_per_group(p, grouped_grid, kernel, kWsThreads<Cfg>, Cfg::kSmemBytes, grid);
-    kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps, heads_per_group);
+    launch_ws_kernel<Cfg>(kernel, p, maps, grouped_grid, parts, stream);
   };
   // Step 4.6: as many CTAs as stay resident at once (SMs x CTAs per SM), at most one per item.
   auto launch_persistent = [&](auto* kernel) {
@@ -1083,15 +1153,10 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
 // CTA's threads, and 128-key tiles do not divide among 384).
 template <class T, class Cfg, bool kTransformed>
 void launch_sm90_m192_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline pipeline,
-                             bool grouped_grid, cudaStream_t stream) {
+                             bool grouped_grid, const SplitPartials& parts, cudaStream_t stream) {
   static_assert(Cfg::kWarpgroups == 3, "the 192-row pipelines run three consumer warpgroups");
-  const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
-                  static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
   auto launch = [&](auto* kernel) {
-    set_smem_limit(kernel, Cfg::kSmemBytes);
-    const int heads_per_group =
-        ws_heads_per_group(p, grouped_grid, kernel, kWsThreads<Cfg>, Cfg::kSmemBytes, grid);
-    kernel<<<grid, kWsThreads<Cfg>, Cfg::kSmemBytes, stream>>>(p, maps, heads_per_group);
+    launch_ws_kernel<Cfg>(kernel, p, maps, grouped_grid, parts, stream);
   };
   switch (pipeline) {
     case Pipeline::tma_ws_m192:
@@ -1109,22 +1174,40 @@ void launch_sm90_m192_kernel(const AttentionParams& p, const TmaMaps& maps, Pipe
   check_launch("cuda_sm90 forward kernel (192 rows)");
 }
 
+// What a call runs: the pipeline, whether on the head dim's 192-row configuration (step
+// 4.7), its TMA maps, and its key split (step 4.10).
+struct Sm90Call {
+  Pipeline pipeline = Pipeline::cp_async;
+  bool block_m192 = false;
+  TmaMaps maps{};
+  SplitPlan split;
+};
+
+// FLASHTILE_SM90_SPLITS=N pins the key splits of the pipelines that split_keys() (1: never
+// split); the others always run unsplit.
+inline constexpr const char* kPinSm90Splits = "FLASHTILE_SM90_SPLITS";
+
+template <class Cfg>
+SplitTile sm90_split_tile() {
+  return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kSmemBytes, Cfg::kMinBlocks, Cfg::kHeadDim};
+}
+
 // The fastest measured pipeline that serves p (TMA needs encodable maps: dense calls),
-// unless `pinned` names one (the journey's measurements and the tests of each step).
-// Cfg is the head dim's traits: its 128-row configuration, and Cfg::BlockM192 the 192-row
-// one of step 4.7 where the head dim has one (void elsewhere).
-template <class T, class Cfg>
-void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
-                         std::optional<Pipeline> pinned = std::nullopt) {
+// unless `pinned` names one (the journey's measurements and the tests of each step), and its
+// key split. Cfg is the head dim's traits: its 128-row configuration, and Cfg::BlockM192 the
+// 192-row one of step 4.7 where the head dim has one (void elsewhere).
+// Split-KV (4.10): a call whose blocks cannot fill the GPU splits its keys on the
+// warp-specialised pipelines; an unpinned persistent choice (4.6: d=256 full from 4k) then
+// takes 4.4's kernel, which splits (a persistent CTA has one block at most anyway).
+template <class Cfg>
+Sm90Call plan_sm90_call(const AttentionParams& p, std::optional<Pipeline> pinned) {
   // Dense calls: full and causal ones take the head dim's measured choice (traits.cuh);
   // windows step 4.3 (few key tiles per CTA, like short causal calls; 4.4/4.5 not measured).
   const bool window = p.has_mask() && !p.is_causal();
   const Pipeline wanted = pinned ? *pinned
                           : window ? Pipeline::tma_warp_specialized
                                    : Cfg::dense_pipeline(p);
-  const bool transformed = p.softcap != 0.0f || p.alibi_slopes != nullptr;
-  constexpr bool grouped = Cfg::kGroupedMaskedGrid;  // step 4.9, per head dim
-  TmaMaps maps{};
+  Sm90Call call;
   if (uses_block_m192(wanted)) {
     using Wide = typename Cfg::BlockM192;
     if constexpr (std::is_void_v<Wide>) {
@@ -1132,24 +1215,52 @@ void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
                   "cuda_sm90: the 192-row pipelines (step 4.7) serve head_dim 64; got head_dim " +
                       std::to_string(p.head_dim));
     } else {
-      if (encode_dense_maps(p, Wide::kBlockM, Wide::kBlockN, maps)) {
-        if (transformed)
-          launch_sm90_m192_kernel<T, Wide, true>(p, maps, wanted, grouped, stream);
-        else
-          launch_sm90_m192_kernel<T, Wide, false>(p, maps, wanted, grouped, stream);
-        return;
+      if (encode_dense_maps(p, Wide::kBlockM, Wide::kBlockN, call.maps)) {
+        call.pipeline = wanted;
+        call.block_m192 = true;
+        call.split = split_plan(p, sm90_split_tile<Wide>(), kPinSm90Splits);
+        return call;
       }
     }
   }
   const bool tma = !uses_block_m192(wanted) && wanted != Pipeline::cp_async &&
-                   encode_dense_maps(p, Cfg::kBlockM, Cfg::kBlockN, maps);
+                   encode_dense_maps(p, Cfg::kBlockM, Cfg::kBlockN, call.maps);
   if (pinned && *pinned != Pipeline::cp_async && !tma)
     throw Error(ErrorKind::unsupported, "cuda_sm90: the TMA maps of this call cannot be encoded");
-  const Pipeline pipeline = tma ? wanted : Pipeline::cp_async;
-  if (transformed)
-    launch_sm90_kernel<T, Cfg, true>(p, maps, pipeline, grouped, stream);
-  else
-    launch_sm90_kernel<T, Cfg, false>(p, maps, pipeline, grouped, stream);
+  call.pipeline = tma ? wanted : Pipeline::cp_async;
+  const bool may_split = splits_keys(call.pipeline) ||
+                         (!pinned && call.pipeline == Pipeline::tma_persistent);
+  if (may_split) {
+    call.split = split_plan(p, sm90_split_tile<Cfg>(), kPinSm90Splits);
+    if (call.pipeline == Pipeline::tma_persistent && call.split.splits > 1)
+      call.pipeline = Pipeline::tma_warp_specialized_overlap;
+    if (!splits_keys(call.pipeline)) call.split.splits = 1;
+  }
+  return call;
+}
+
+template <class T, class Cfg>
+void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
+                         std::optional<Pipeline> pinned = std::nullopt) {
+  const Sm90Call call = plan_sm90_call<Cfg>(p, pinned);
+  const bool transformed = p.softcap != 0.0f || p.alibi_slopes != nullptr;
+  constexpr bool grouped = Cfg::kGroupedMaskedGrid;  // step 4.9, per head dim
+  run_split_forward(p, call.split, stream, [&](const SplitPartials& parts) {
+    if (call.block_m192) {
+      using Wide = typename Cfg::BlockM192;
+      if constexpr (!std::is_void_v<Wide>) {
+        if (transformed)
+          launch_sm90_m192_kernel<T, Wide, true>(p, call.maps, call.pipeline, grouped, parts, stream);
+        else
+          launch_sm90_m192_kernel<T, Wide, false>(p, call.maps, call.pipeline, grouped, parts, stream);
+      }
+      return;
+    }
+    if (transformed)
+      launch_sm90_kernel<T, Cfg, true>(p, call.maps, call.pipeline, grouped, parts, stream);
+    else
+      launch_sm90_kernel<T, Cfg, false>(p, call.maps, call.pipeline, grouped, parts, stream);
+  });
 }
 
 }  // namespace flashtile::detail::sm90

@@ -15,6 +15,9 @@ int shared_bytes_for(int64_t head_dim);
 // Runs the forward kernel (p validated and supported), on `stream` (a cudaStream_t).
 void run_forward(const AttentionParams& p, void* stream);
 
+// The split-KV workspace run_forward takes for p (0 when the call's keys are not split).
+int64_t workspace_bytes(const AttentionParams& p);
+
 // Device probes of the kernel's own pieces (its shared-memory layout, descriptors and
 // fragment maps), for the unit tests. Inputs and outputs are row-major host arrays; 16-bit
 // inputs are given as floats already representable in T (bf16 when `bf16`, else fp16).

@@ -23,13 +23,12 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "cuda/05_tf32x3/kernel.cuh"
 #include "cuda/05_tf32x3/selection.hpp"
 #include "cuda/device_guard.cuh"
+#include "cuda/split_kv_launch.hpp"
 #if FLASHTILE_TF32X3_WITH_SM90
 #include "cuda/05_tf32x3/sm90.hpp"
 #endif
@@ -39,8 +38,7 @@ namespace {
 
 constexpr int kMinComputeCapability = 80;  // mma.sync tf32, cp.async
 constexpr int kMaxHeadDim = 128;
-// A split keeps at least this many key blocks of its tile's heaviest range.
-constexpr int kMinBlocksPerSplit = 1;
+constexpr const char* kPinSplits = "FLASHTILE_TF32X3_SPLITS";
 
 // From the cached facts: the driver is asked once per device, not on every call.
 std::string device_unsuitable(int device_index) {
@@ -63,15 +61,13 @@ std::string tf32x3_unavailable() {
   return reason;
 }
 
-// The geometry of the kernel that serves a head dim.
-struct Geometry {
-  int block_m = 0, block_n = 0, smem_bytes = 0, ctas_per_sm = 0, head_dim = 0;
-};
+// The tile of the mma.sync kernel that serves a head dim (its partials' pitch: the
+// specialised head dim).
 template <class Cfg>
-Geometry geometry_of() {
+SplitTile geometry_of() {
   return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kSmemBytes, Cfg::kMinBlocks, Cfg::kHeadDim};
 }
-Geometry geometry(int64_t head_dim) {
+SplitTile geometry(int64_t head_dim) {
   switch (tf32x3::specialised_head_dim(head_dim)) {
     case 64: return geometry_of<tf32x3::Tf32Traits<64>>();
     case 128: return geometry_of<tf32x3::Tf32Traits<128>>();
@@ -100,19 +96,6 @@ std::string tf32x3_unsupported(const AttentionParams& p) {
   return "";
 }
 
-// FLASHTILE_TF32X3_SPLITS, or 0 when unset.
-int pinned_splits() {
-  const char* value = std::getenv("FLASHTILE_TF32X3_SPLITS");
-  if (value == nullptr || *value == '\0') return 0;
-  char* end = nullptr;
-  const long n = std::strtol(value, &end, 10);
-  if (*end != '\0' || n < 1 || n > kMaxSplits)
-    throw Error(ErrorKind::invalid_argument,
-                "FLASHTILE_TF32X3_SPLITS must be an integer from 1 to " +
-                    std::to_string(kMaxSplits) + "; got \"" + value + "\"");
-  return static_cast<int>(n);
-}
-
 tf32x3::Precision precision_from_environment() {
   const char* value = std::getenv("FLASHTILE_TF32X3_MODE");
   if (value == nullptr || *value == '\0' || std::string(value) == "split")
@@ -123,63 +106,11 @@ tf32x3::Precision precision_from_environment() {
                   value + "\"");
 }
 
-// How a call's keys are split, and what its partials take.
-struct SplitPlan {
-  int splits = 1, query_blocks = 0;
-  int64_t tiles = 0;
-  Geometry geo;
-  int64_t workspace_bytes() const {
-    return splits > 1 ? SplitPartials::bytes(tiles, splits, geo.block_m, geo.head_dim) : 0;
-  }
-};
-
-// CTAs of the kernel with geometry `geo` that the device holds at once (at least one a SM).
-int64_t resident_ctas(const AttentionParams& p, const Geometry& geo) {
-  const DeviceFacts& facts = device_facts(p.device_index);
-  const int by_smem = facts.smem_per_sm / geo.smem_bytes;
-  const int ctas_per_sm = by_smem < geo.ctas_per_sm ? by_smem : geo.ctas_per_sm;
-  return int64_t(facts.sms) * (ctas_per_sm > 0 ? ctas_per_sm : 1);
-}
-
-// Splits when the (query block, head, batch) tiles of the kernel with geometry `geo` cannot
-// fill the SMs (CTAs that fit at once: SMs x CTAs per SM), as choose_splits decides for
-// cpu_flash's threads. The write-up's case (1024 rows, d=64) on the wgmma kernel: 8 query
-// blocks of 128 rows, 16 splits of one 64-key tile each, 128 CTAs (JOURNEY 2c.3).
-SplitPlan split_plan(const AttentionParams& p, const Geometry& geo) {
-  SplitPlan plan;
-  plan.geo = geo;
-  plan.query_blocks = static_cast<int>((p.seqlen_q + plan.geo.block_m - 1) / plan.geo.block_m);
-  plan.tiles = p.batch * p.heads_q * plan.query_blocks;
-  if (const int pinned = pinned_splits(); pinned > 0) {
-    plan.splits = pinned;
-    return plan;
-  }
-  const int64_t key_blocks = (p.seqlen_k + plan.geo.block_n - 1) / plan.geo.block_n;
-  plan.splits = choose_splits(plan.tiles, key_blocks, resident_ctas(p, plan.geo),
-                              kMinBlocksPerSplit, kMaxSplits);
-  return plan;
-}
-
-// The split partials come from a stream-ordered pool of the backend's own per device, which
-// keeps up to kPoolKeepBytes between calls (the default pool would return them to the
-// driver at every synchronisation and pay for the allocation again).
-constexpr uint64_t kPoolKeepBytes = uint64_t(64) << 20;
-cudaMemPool_t workspace_pool(int device) {
-  static std::mutex mutex;
-  static auto* pools = new std::map<int, cudaMemPool_t>();  // lives as long as the process
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (auto found = pools->find(device); found != pools->end()) return found->second;
-  cudaMemPoolProps props = {};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = device;
-  cudaMemPool_t pool = nullptr;
-  check_cuda(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
-  uint64_t keep = kPoolKeepBytes;
-  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
-             "cudaMemPoolSetAttribute(ReleaseThreshold)");
-  (*pools)[device] = pool;
-  return pool;
+// The split plan of a call on the kernel with `tile` (split_kv_launch.hpp). The write-up's
+// case (1024 rows, d=64) on the wgmma kernel: 8 query blocks of 128 rows, 16 splits of one
+// 64-key tile each, 128 CTAs (JOURNEY 2c.3).
+SplitPlan tf32x3_split_plan(const AttentionParams& p, const SplitTile& tile) {
+  return split_plan(p, tile, kPinSplits);
 }
 
 void launch_forward(const AttentionParams& p, const tf32x3::SplitArgs& args,
@@ -206,8 +137,8 @@ WgmmaPath wgmma_path_from_environment() {
                   value + "\"");
 }
 
-// The wgmma kernel's geometry for head dim 64 or 128: one CTA per SM (225 KB).
-Geometry sm90_geometry(int64_t head_dim) {
+// The wgmma kernel's tile for head dim 64 or 128: one CTA per SM (225 KB).
+SplitTile sm90_geometry(int64_t head_dim) {
   const tf32x3::Tf32Sm90Tile tile =
       head_dim == 64 ? tf32x3::tf32x3_sm90_tile<64>() : tf32x3::tf32x3_sm90_tile<128>();
   return {tile.block_m, tile.block_n, tile.smem_bytes, 1, static_cast<int>(head_dim)};
@@ -228,10 +159,10 @@ bool merge_in_grid_allowed() {
 // the in-kernel merge) merges its partials itself: each split takes block_m / splits rows,
 // and the grid barrier needs every CTA resident at once (a cooperative launch).
 bool merges_in_grid(const AttentionParams& p, const SplitPlan& split) {
-  if (split.splits == 1 || p.head_dim != 64 || split.geo.block_m % split.splits != 0)
+  if (split.splits == 1 || p.head_dim != 64 || split.tile.block_m % split.splits != 0)
     return false;
   if (!device_facts(p.device_index).cooperative_launch) return false;
-  return split.tiles * split.splits <= resident_ctas(p, split.geo) && merge_in_grid_allowed();
+  return split.tiles * split.splits <= resident_ctas(p, split.tile) && merge_in_grid_allowed();
 }
 
 // A call's kernel, the split plan worked out for that kernel's tile, and where the splits
@@ -258,7 +189,7 @@ CallPlan call_plan(const AttentionParams& p, tf32x3::Precision precision) {
   if (covered) {
     const WgmmaPath path = wgmma_path_from_environment();
     if (path != WgmmaPath::never) {
-      const SplitPlan split = split_plan(p, sm90_geometry(p.head_dim));
+      const SplitPlan split = tf32x3_split_plan(p, sm90_geometry(p.head_dim));
       if (path == WgmmaPath::every_call || split.splits == 1)
         return {Tf32x3Kernel::wgmma, split, merges_in_grid(p, split)};
     }
@@ -266,7 +197,7 @@ CallPlan call_plan(const AttentionParams& p, tf32x3::Precision precision) {
 #else
   (void)precision;
 #endif
-  return {Tf32x3Kernel::mma_sync, split_plan(p, geometry(p.head_dim)), false};
+  return {Tf32x3Kernel::mma_sync, tf32x3_split_plan(p, geometry(p.head_dim)), false};
 }
 
 int64_t tf32x3_workspace_bytes(const AttentionParams& p) {
@@ -293,7 +224,6 @@ void run_tf32x3(const AttentionParams& p) {
   auto stream = static_cast<cudaStream_t>(p.stream);
   const tf32x3::Precision precision = precision_from_environment();
   const CallPlan call = call_plan(p, precision);
-  const SplitPlan& plan = call.split;
   // The chosen kernel's forward: finished rows, or with splits > 1 the partials.
   auto forward = [&](const tf32x3::SplitArgs& args) {
 #if FLASHTILE_TF32X3_WITH_SM90
@@ -307,30 +237,16 @@ void run_tf32x3(const AttentionParams& p) {
 #endif
     launch_forward(p, args, precision, stream);
   };
-  tf32x3::SplitArgs args;
-  args.splits = plan.splits;
-  if (plan.splits == 1) {
-    forward(args);
-    return;
-  }
-  void* workspace = nullptr;
-  check_cuda(cudaMallocFromPoolAsync(&workspace, static_cast<size_t>(plan.workspace_bytes()),
-                                     workspace_pool(p.device_index), stream),
-             "cudaMallocFromPoolAsync(cuda_tf32x3 split-KV workspace)");
-  args.partials = SplitPartials::at(workspace, plan.tiles, plan.splits, plan.geo.block_m,
-                                    plan.geo.head_dim, plan.query_blocks);
-  args.merge_in_grid = call.merge_in_grid;
-  try {
-    forward(args);
-    // sm_90+: the combine's launch overlaps the forward's tail (the forward kernel allows it).
-    if (!args.merge_in_grid)
-      launch_split_kv_combine<float>(p, args.partials, stream,
-                                     device_facts(p.device_index).cc.number() >= 90);
-  } catch (...) {
-    cudaFreeAsync(workspace, stream);
-    throw;
-  }
-  check_cuda(cudaFreeAsync(workspace, stream), "cudaFreeAsync(cuda_tf32x3 split-KV workspace)");
+  run_split_forward(
+      p, call.split, stream,
+      [&](const SplitPartials& partials) {
+        tf32x3::SplitArgs args;
+        args.splits = call.split.splits;
+        args.partials = partials;
+        args.merge_in_grid = call.merge_in_grid;
+        forward(args);
+      },
+      call.merge_in_grid);
 }
 
 }  // namespace

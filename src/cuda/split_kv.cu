@@ -1,0 +1,114 @@
+// Split-KV on the GPU, host side (split_kv_launch.hpp), and the combine kernel's
+// instantiations for the three output dtypes: one translation unit for every kernel family.
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "attn/split_kv.hpp"
+#include "cuda/common.cuh"
+#include "cuda/split_kv_combine.cuh"
+#include "cuda/split_kv_launch.hpp"
+
+namespace flashtile::detail {
+namespace {
+
+// A split keeps at least this many key blocks of its tile's heaviest range.
+constexpr int kMinBlocksPerSplit = 1;
+
+// The partials come from a stream-ordered pool of flashtile's own per device, which keeps up
+// to kPoolKeepBytes between calls (the default pool would return them to the driver at every
+// synchronisation and pay for the allocation again).
+constexpr uint64_t kPoolKeepBytes = uint64_t(64) << 20;
+cudaMemPool_t workspace_pool(int device) {
+  static std::mutex mutex;
+  static auto* pools = new std::map<int, cudaMemPool_t>();  // lives as long as the process
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (auto found = pools->find(device); found != pools->end()) return found->second;
+  cudaMemPoolProps props = {};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool = nullptr;
+  check_cuda(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
+  uint64_t keep = kPoolKeepBytes;
+  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+             "cudaMemPoolSetAttribute(ReleaseThreshold)");
+  (*pools)[device] = pool;
+  return pool;
+}
+
+void combine_split_kv(const AttentionParams& p, const SplitPartials& parts, cudaStream_t stream,
+                      bool overlap_with_producer) {
+  switch (p.dtype) {
+    case DType::f32: launch_split_kv_combine<float>(p, parts, stream, overlap_with_producer); break;
+    case DType::f16: launch_split_kv_combine<__half>(p, parts, stream, overlap_with_producer); break;
+    case DType::bf16:
+      launch_split_kv_combine<__nv_bfloat16>(p, parts, stream, overlap_with_producer);
+      break;
+  }
+}
+
+}  // namespace
+
+int pinned_splits(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return 0;
+  char* end = nullptr;
+  const long n = std::strtol(value, &end, 10);
+  if (*end != '\0' || n < 1 || n > kMaxSplits)
+    throw Error(ErrorKind::invalid_argument, std::string(name) + " must be an integer from 1 to " +
+                                                 std::to_string(kMaxSplits) + "; got \"" + value +
+                                                 "\"");
+  return static_cast<int>(n);
+}
+
+int64_t resident_ctas(const AttentionParams& p, const SplitTile& tile) {
+  const DeviceFacts& facts = device_facts(p.device_index);
+  const int by_smem = facts.smem_per_sm / tile.smem_bytes;
+  const int ctas_per_sm = by_smem < tile.ctas_per_sm ? by_smem : tile.ctas_per_sm;
+  return int64_t(facts.sms) * (ctas_per_sm > 0 ? ctas_per_sm : 1);
+}
+
+SplitPlan split_plan(const AttentionParams& p, const SplitTile& tile, const char* pin_variable) {
+  SplitPlan plan;
+  plan.tile = tile;
+  plan.query_blocks = static_cast<int>((p.seqlen_q + tile.block_m - 1) / tile.block_m);
+  plan.tiles = p.batch * p.heads_q * plan.query_blocks;
+  if (const int pinned = pinned_splits(pin_variable); pinned > 0) {
+    plan.splits = pinned;
+    return plan;
+  }
+  const int64_t key_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
+  plan.splits = choose_splits(plan.tiles, key_blocks, resident_ctas(p, tile), kMinBlocksPerSplit,
+                              kMaxSplits);
+  return plan;
+}
+
+void run_split_forward(const AttentionParams& p, const SplitPlan& plan, cudaStream_t stream,
+                       const std::function<void(const SplitPartials&)>& forward,
+                       bool merged_in_forward) {
+  if (plan.splits == 1) {
+    forward(SplitPartials{});
+    return;
+  }
+  void* workspace = nullptr;
+  check_cuda(cudaMallocFromPoolAsync(&workspace, static_cast<size_t>(plan.workspace_bytes()),
+                                     workspace_pool(p.device_index), stream),
+             "cudaMallocFromPoolAsync(split-KV workspace)");
+  const SplitPartials parts = SplitPartials::at(workspace, plan.tiles, plan.splits,
+                                                plan.tile.block_m, plan.tile.pitch,
+                                                plan.query_blocks);
+  try {
+    forward(parts);
+    // sm_90+: the combine's launch overlaps the forward's tail (the forward allows it).
+    if (!merged_in_forward)
+      combine_split_kv(p, parts, stream, device_facts(p.device_index).cc.number() >= 90);
+  } catch (...) {
+    cudaFreeAsync(workspace, stream);
+    throw;
+  }
+  check_cuda(cudaFreeAsync(workspace, stream), "cudaFreeAsync(split-KV workspace)");
+}
+
+}  // namespace flashtile::detail

@@ -1,0 +1,45 @@
+// Split-KV cases for the 16-bit tensor-core suites (cuda_mma, cuda_sm90): calls a pinned
+// split count cuts into uneven shares of key blocks, some of them empty (few keys, many
+// splits): lengths around the tiles, sq != sk both ways with causal masks (rows that see no
+// key), GQA/MQA, strides, and, where the backend serves them, the variants (the combine
+// applies the NaN rule and the sink to the whole row).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "support/backend_grid.hpp"
+#include "support/variants.hpp"
+
+namespace flashtile::testing {
+
+inline std::vector<Shape> split_kv_shapes(DType dtype, const std::vector<int64_t>& head_dims,
+                                          bool with_variants) {
+  struct Lengths {
+    int64_t q, k;
+  };
+  const Lengths lengths[] = {{1, 1}, {17, 300}, {300, 17}, {129, 1025}, {1024, 1024}, {64, 2049}};
+  std::vector<Variant> variants = {{"full", {}}, {"causal", {}, true}};
+  if (with_variants) {
+    variants.push_back({"window", {100, 0}});
+    variants.push_back({"causal + sinks", {}, true, 0, false, false, true});
+    variants.push_back({"softcap + ALiBi", {}, false, 20.0f, true});
+    variants.push_back({"everything", {64, 0}, false, 12.0f, true, true, true});
+  }
+  std::vector<Shape> shapes;
+  int rotate = 0;
+  for (int64_t d : head_dims)
+    for (const Lengths& len : lengths)
+      for (const Variant& v : variants) {
+        Shape s = with_variant(shape_of(dtype, 1, len.q, len.k, 1, 1, d), v);
+        switch (rotate++ % 3) {
+          case 0: break;                                                       // one head
+          case 1: s.heads_q = 4, s.heads_kv = 2, s.strided = true; break;      // GQA
+          case 2: s.batch = 2, s.heads_q = 2, s.heads_kv = 1; break;           // MQA
+        }
+        shapes.push_back(s);
+      }
+  return shapes;
+}
+
+}  // namespace flashtile::testing
