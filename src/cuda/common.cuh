@@ -3,9 +3,13 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
+#include <tuple>
 
 #include "api/backend.hpp"
 #include "flashtile/device.hpp"
@@ -87,6 +91,30 @@ inline const DeviceFacts& device_facts(int device) {
   const DeviceFacts* facts = find_device_facts(device, why);
   if (facts == nullptr) throw Error(ErrorKind::runtime, why);
   return *facts;
+}
+
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` on `device` once (bit `device`
+// of `raised`, one per kernel, remembers it; devices 64 and above are raised on every call):
+// the driver call is host time in front of every launch, which a small call like the
+// write-up's waits for.
+template <class Kernel>
+void raise_smem_limit_once(Kernel* kernel, int bytes, int device, std::atomic<uint64_t>& raised) {
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit != 0 && (raised.load(std::memory_order_acquire) & bit) != 0) return;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  raised.fetch_or(bit, std::memory_order_acq_rel);
+}
+// The same for a kernel known by its address alone (kernels of one signature share a
+// function type): a lock and a lookup in front of the launch instead of the driver call.
+inline void raise_smem_limit_once(const void* kernel, int bytes, int device) {
+  static std::mutex mutex;
+  static auto* raised = new std::set<std::tuple<const void*, int, int>>();  // process lifetime
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (raised->count({kernel, bytes, device}) != 0) return;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  raised->insert({kernel, bytes, device});
 }
 
 // Grid: x = query blocks, y = heads, z = batch. y and z are limited to 65535 by CUDA.

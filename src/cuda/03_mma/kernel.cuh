@@ -536,9 +536,8 @@ void launch_mma_forward(const AttentionParams& p, const SplitPartials& parts,
   auto* kernel = &mma_forward_kernel<T, Cfg, Logits, kAligned, Schedule, kSplitKv>;
   if (kSplitKv != (parts.splits > 1))
     throw Error(ErrorKind::runtime, "cuda_mma: a split call reached an unsplit kernel or back");
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  Cfg::kSmemBytes),
-             "cudaFuncSetAttribute(mma_forward_kernel)");
+  static std::atomic<uint64_t> smem_raised{0};  // one per kernel
+  raise_smem_limit_once(kernel, Cfg::kSmemBytes, p.device_index, smem_raised);
   const int64_t query_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   dim3 grid(static_cast<unsigned>(query_blocks * parts.splits), static_cast<unsigned>(p.heads_q),
             static_cast<unsigned>(p.batch));

@@ -1042,9 +1042,8 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
 int persistent_cta_cap();
 
 template <class Kernel>
-void set_smem_limit(Kernel* kernel, int bytes) {
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-             "cudaFuncSetAttribute(cuda_sm90 kernel)");
+void set_smem_limit(Kernel* kernel, int bytes, int device) {
+  raise_smem_limit_once(reinterpret_cast<const void*>(kernel), bytes, device);
 }
 
 // Heads per group of the warp-specialised kernels' grid (CtaWork::grid_item): under a mask
@@ -1074,7 +1073,7 @@ dim3 block_grid(const AttentionParams& p, int splits) {
 template <class Cfg, class Kernel>
 void launch_ws_kernel(Kernel* kernel, const AttentionParams& p, const TmaMaps& maps,
                       bool grouped_grid, const SplitPartials& parts, cudaStream_t stream) {
-  set_smem_limit(kernel, Cfg::kSmemBytes);
+  set_smem_limit(kernel, Cfg::kSmemBytes, p.device_index);
   const dim3 grid = block_grid<Cfg>(p, parts.splits);
   const int heads_per_group =
       parts.splits > 1
@@ -1091,7 +1090,7 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
     throw Error(ErrorKind::runtime, "cuda_sm90: a key split reached a pipeline that takes none");
   const dim3 grid = block_grid<Cfg>(p, 1);
   auto launch = [&](auto* kernel, int threads) {
-    set_smem_limit(kernel, Cfg::kSmemBytes);
+    set_smem_limit(kernel, Cfg::kSmemBytes, p.device_index);
     kernel<<<grid, threads, Cfg::kSmemBytes, stream>>>(p, maps);
   };
   auto launch_ws = [&](auto* kernel) {
@@ -1099,7 +1098,7 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
   };
   // Step 4.6: as many CTAs as stay resident at once (SMs x CTAs per SM), at most one per item.
   auto launch_persistent = [&](auto* kernel) {
-    set_smem_limit(kernel, Cfg::kPersistentSmemBytes);
+    set_smem_limit(kernel, Cfg::kPersistentSmemBytes, p.device_index);
     const TileSchedule schedule{static_cast<int>(p.batch), static_cast<int>(p.heads_q),
                                 static_cast<int>(grid.x), p.window_left, p.window_right};
     const int sms = device_facts(p.device_index).sms;

@@ -518,18 +518,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     }
 }
 
-// Raises `kernel`'s dynamic shared-memory limit to `bytes` on `device` once (bit `device`
-// of `raised` remembers it; devices 64 and above are raised on every call): the driver call
-// is host time in front of every launch, which a small call like the write-up's waits for.
-template <class Kernel>
-void raise_smem_limit_once(Kernel* kernel, int bytes, int device, std::atomic<uint64_t>& raised) {
-  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
-  if (bit != 0 && (raised.load(std::memory_order_acquire) & bit) != 0) return;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-             "cudaFuncSetAttribute(tf32x3_forward_kernel)");
-  raised.fetch_or(bit, std::memory_order_acq_rel);
-}
-
 template <class Cfg, class Logits, bool kAligned, Precision kPrecision>
 void launch_tf32x3_forward(const AttentionParams& p, const SplitArgs& split_args,
                            cudaStream_t stream) {
