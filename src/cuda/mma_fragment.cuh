@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "attn/mask.hpp"
+#include "attn/softmax_state.hpp"
 #include "attn/variant.hpp"
 
 namespace flashtile::detail {
@@ -120,6 +121,14 @@ __device__ __forceinline__ float quad_row_max(const float (&s)[kNTiles][4], int 
   row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
   row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
   return row_max;
+}
+
+// A row's softmax state from a lane's: the same running max (every lane of the quad holds
+// it), the quad's four partial sums l added (each lane summed its own columns).
+__device__ __forceinline__ SoftmaxState<float> quad_row_state(SoftmaxState<float> st) {
+  st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
+  st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+  return st;
 }
 
 }  // namespace flashtile::detail

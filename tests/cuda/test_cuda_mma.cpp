@@ -415,14 +415,7 @@ TEST(CudaMma, SmallCallsSplitTheirKeys) {
   EXPECT_EQ(plan(db.q.view, db.k.view, db.v.view, db.out.view, db.options(big, kMma))
                 .workspace_bytes,
             0);
-  for (const char* bad : {"0", "17", "two"}) {
-    const testing::ScopedEnv pinned("FLASHTILE_MMA_SPLITS", bad);
-    AttentionCase c(shape_of(DType::bf16, 1, 17, 17, 1, 1, 64));
-    DeviceCase dc(c);
-    testing::expect_refused(dc.q.view, dc.k.view, dc.v.view, dc.out, kMma,
-                            ErrorKind::invalid_argument,
-                            "FLASHTILE_MMA_SPLITS must be an integer from 1 to 16");
-  }
+  testing::expect_bad_split_pins_refused(kMma, "FLASHTILE_MMA_SPLITS");
 }
 
 // Rows that do not start on 16 bytes are served with narrower accesses: pointers offset by

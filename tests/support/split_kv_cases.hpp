@@ -6,9 +6,13 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "support/backend_grid.hpp"
+#include "support/device_case.hpp"
+#include "support/refusal.hpp"
+#include "support/scoped_env.hpp"
 #include "support/variants.hpp"
 
 namespace flashtile::testing {
@@ -42,6 +46,17 @@ inline std::vector<Shape> split_kv_shapes(DType dtype, const std::vector<int64_t
         shapes.push_back(s);
       }
   return shapes;
+}
+
+// A split count pinned out of range through `variable` is refused before anything runs.
+inline void expect_bad_split_pins_refused(Backend backend, const char* variable) {
+  for (const char* bad : {"0", "17", "two"}) {
+    const ScopedEnv pinned(variable, bad);
+    AttentionCase c(shape_of(DType::bf16, 1, 17, 17, 1, 1, 64));
+    DeviceCase d(c);
+    expect_refused(d.q.view, d.k.view, d.v.view, d.out, backend, ErrorKind::invalid_argument,
+                   std::string(variable) + " must be an integer from 1 to 16");
+  }
 }
 
 }  // namespace flashtile::testing

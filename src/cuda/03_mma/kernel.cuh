@@ -462,9 +462,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        SoftmaxState<float> st = state[mt][half];
-        st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
-        st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+        SoftmaxState<float> st = quad_row_state(state[mt][half]);
         const int local_row = warp_row0 + mt * 16 + g + 8 * half;
         if (row_start + local_row < seq.seqlen_q)
           store_partial_row<kDTiles>(parts, split_tile, split, local_row, t, st, [&](int dt) {
@@ -478,9 +476,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      SoftmaxState<float> st = state[mt][half];
-      st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
-      st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+      SoftmaxState<float> st = quad_row_state(state[mt][half]);
       const int local_row = warp_row0 + mt * 16 + g + 8 * half;
       const int row = row_start + local_row;
       nan_if_no_finite_score(st, mask.visible_keys(row) > 0);

@@ -67,6 +67,7 @@
 #include "cuda/common.cuh"
 #include "cuda/04_sm90/tensor_map.cuh"
 #include "cuda/04_sm90/tile_schedule.hpp"
+#include "cuda/mma_fragment.cuh"
 #include "cuda/split_kv_combine.cuh"
 #include "cuda/split_kv_launch.hpp"
 #include "cuda/ptx/mbarrier.cuh"
@@ -562,9 +563,7 @@ struct ConsumerWarpgroup {
     const int64_t tile = parts.tile(work.b, work.h, p.heads_q, work.row_start / Cfg::kBlockM);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      SoftmaxState<float> st = state[half];
-      st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
-      st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+      SoftmaxState<float> st = quad_row_state(state[half]);
       const int local_row = row0 + frag.row(half);
       if (work.row_start + local_row < work.seq.seqlen_q)
         store_partial_row<Cfg::kHeadDim / 8>(parts, tile, split, local_row, frag.lane % 4, st,
@@ -583,9 +582,7 @@ struct ConsumerWarpgroup {
     const float sink = sink_logit<float>(p, work.h);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      SoftmaxState<float> st = state[half];
-      st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
-      st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+      SoftmaxState<float> st = quad_row_state(state[half]);
       // add_sink would leave a state without sinks unchanged; the branch spares its exps.
       const float sink_factor = p.sinks != nullptr ? add_sink(st, sink) : 1.0f;
       const float out_scale = sink_factor * output_scale(st);  // 0 for a fully masked row
