@@ -22,6 +22,13 @@ struct SplitTile {
   int block_m = 0, block_n = 0, smem_bytes = 0, ctas_per_sm = 1, pitch = 0;
 };
 
+// The tile of a kernel configuration Cfg (kBlockM, kBlockN, kSmemBytes, kMinBlocks CTAs a
+// SM); its partials' pitch is the configuration's (specialised) head dim.
+template <class Cfg>
+SplitTile split_tile_of() {
+  return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kSmemBytes, Cfg::kMinBlocks, Cfg::kHeadDim};
+}
+
 // How a call's keys are split and what its partials take.
 struct SplitPlan {
   int splits = 1, query_blocks = 0;

@@ -35,18 +35,13 @@ std::string mma_unavailable() {
   return device_unsuitable(0);
 }
 
-// The tile of the kernel that serves a head dim (smem_bytes 0 when none does); its split
-// partials' pitch is the specialised head dim.
-template <class Cfg>
-SplitTile tile_of() {
-  return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kSmemBytes, Cfg::kMinBlocks, Cfg::kHeadDim};
-}
+// The tile of the kernel that serves a head dim (smem_bytes 0 when none does).
 SplitTile tile_for(int64_t head_dim) {
   switch (mma::specialised_head_dim(head_dim)) {
-    case 64: return tile_of<mma::MmaTraits<64>>();
-    case 96: return tile_of<mma::MmaTraits<96>>();
-    case 128: return tile_of<mma::MmaTraits<128>>();
-    case 256: return tile_of<mma::MmaTraits<256>>();
+    case 64: return split_tile_of<mma::MmaTraits<64>>();
+    case 96: return split_tile_of<mma::MmaTraits<96>>();
+    case 128: return split_tile_of<mma::MmaTraits<128>>();
+    case 256: return split_tile_of<mma::MmaTraits<256>>();
   }
   return {};
 }

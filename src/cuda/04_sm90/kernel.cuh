@@ -1183,10 +1183,6 @@ struct Sm90Call {
 // split); the others always run unsplit.
 inline constexpr const char* kPinSm90Splits = "FLASHTILE_SM90_SPLITS";
 
-template <class Cfg>
-SplitTile sm90_split_tile() {
-  return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kSmemBytes, Cfg::kMinBlocks, Cfg::kHeadDim};
-}
 
 // The fastest measured pipeline that serves p (TMA needs encodable maps: dense calls),
 // unless `pinned` names one (the journey's measurements and the tests of each step), and its
@@ -1214,7 +1210,7 @@ Sm90Call plan_sm90_call(const AttentionParams& p, std::optional<Pipeline> pinned
       if (encode_dense_maps(p, Wide::kBlockM, Wide::kBlockN, call.maps)) {
         call.pipeline = wanted;
         call.block_m192 = true;
-        call.split = split_plan(p, sm90_split_tile<Wide>(), kPinSm90Splits);
+        call.split = split_plan(p, split_tile_of<Wide>(), kPinSm90Splits);
         return call;
       }
     }
@@ -1227,7 +1223,7 @@ Sm90Call plan_sm90_call(const AttentionParams& p, std::optional<Pipeline> pinned
   const bool may_split = splits_keys(call.pipeline) ||
                          (!pinned && call.pipeline == Pipeline::tma_persistent);
   if (may_split) {
-    call.split = split_plan(p, sm90_split_tile<Cfg>(), kPinSm90Splits);
+    call.split = split_plan(p, split_tile_of<Cfg>(), kPinSm90Splits);
     if (call.pipeline == Pipeline::tma_persistent && call.split.splits > 1)
       call.pipeline = Pipeline::tma_warp_specialized_overlap;
     if (!splits_keys(call.pipeline)) call.split.splits = 1;

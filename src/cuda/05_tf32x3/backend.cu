@@ -61,16 +61,11 @@ std::string tf32x3_unavailable() {
   return reason;
 }
 
-// The tile of the mma.sync kernel that serves a head dim (its partials' pitch: the
-// specialised head dim).
-template <class Cfg>
-SplitTile geometry_of() {
-  return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kSmemBytes, Cfg::kMinBlocks, Cfg::kHeadDim};
-}
+// The tile of the mma.sync kernel that serves a head dim.
 SplitTile geometry(int64_t head_dim) {
   switch (tf32x3::specialised_head_dim(head_dim)) {
-    case 64: return geometry_of<tf32x3::Tf32Traits<64>>();
-    case 128: return geometry_of<tf32x3::Tf32Traits<128>>();
+    case 64: return split_tile_of<tf32x3::Tf32Traits<64>>();
+    case 128: return split_tile_of<tf32x3::Tf32Traits<128>>();
   }
   return {};
 }
