@@ -611,9 +611,10 @@ TEST(CudaSm90Persistent, RefusesVarlenWhenPinned) {
   }
 }
 
-// `auto` takes cuda_sm90 where it was measured faster than cuda_mma (dense bf16 full and
-// causal calls from 512 queries and keys, d=64 causal from 1024) and keeps cuda_mma
-// elsewhere (shorter, fp16, variants, varlen: not measured against it).
+// `auto` takes cuda_sm90 where it was measured faster than cuda_mma (dense bf16 and fp16
+// calls from 512 queries and keys at d=64 full, 1024 causal; d=128 from 256 full, 512
+// causal; d=256 from 128; every variant from 1024) and keeps cuda_mma elsewhere (shorter
+// calls, varlen: slower or not measured against it).
 TEST(CudaSm90, AutoPicksCudaSm90WhereMeasuredFaster) {
   SKIP_WITHOUT_SM90_DEVICE();
   struct Row {
@@ -622,21 +623,36 @@ TEST(CudaSm90, AutoPicksCudaSm90WhereMeasuredFaster) {
     bool causal;
     float softcap;
     Backend expected;
+    int64_t window_left = -1;  // with window_right 0 (a sliding window) when >= 0
+    bool sinks = false;
   };
   const Row rows[] = {
       {DType::bf16, 1024, 64, false, 0, kSm90},
       {DType::bf16, 1024, 64, true, 0, kSm90},
-      {DType::bf16, 512, 64, true, 0, Backend::cuda_mma},  // 1.00x: a tie keeps cuda_mma
+      {DType::bf16, 512, 64, true, 0, Backend::cuda_mma},  // 0.96-0.97x: cuda_mma keeps it
+      {DType::bf16, 512, 64, false, 0, kSm90},
+      {DType::f16, 256, 64, false, 0, Backend::cuda_mma},  // 0.90x
       {DType::bf16, 512, 128, true, 0, kSm90},
-      {DType::bf16, 256, 128, false, 0, Backend::cuda_mma},  // below the measured grid
+      {DType::f16, 256, 128, true, 0, Backend::cuda_mma},  // 0.96x
+      {DType::bf16, 256, 128, false, 0, kSm90},
+      {DType::f16, 128, 128, false, 0, Backend::cuda_mma},  // a tie (1.01-1.02x)
       {DType::bf16, 700, 256, false, 0, kSm90},
-      {DType::f16, 1024, 128, false, 0, Backend::cuda_mma},
-      {DType::bf16, 1024, 128, false, 5.0f, Backend::cuda_mma},
+      {DType::f16, 128, 256, true, 0, kSm90},
+      {DType::bf16, 100, 256, false, 0, Backend::cuda_mma},  // below the measured grid
+      {DType::f16, 1024, 128, false, 0, kSm90},
+      {DType::bf16, 1024, 128, false, 5.0f, kSm90},
+      {DType::f16, 1024, 64, true, 30.0f, kSm90},
+      {DType::bf16, 512, 256, false, 5.0f, Backend::cuda_mma},  // variants: measured from 1k
+      {DType::bf16, 2048, 64, false, 0, kSm90, 1024},
+      {DType::f16, 512, 128, false, 0, Backend::cuda_mma, 256},
+      {DType::bf16, 1024, 256, true, 0, kSm90, -1, true},
   };
   for (const Row& row : rows) {
     Shape s = shape_of(row.dtype, 1, row.seqlen, row.seqlen, 2, 2, row.head_dim);
     s.causal = row.causal;
     s.softcap = row.softcap;
+    if (row.window_left >= 0) s.window = {row.window_left, 0};
+    s.sinks = row.sinks;
     AttentionCase c(s);
     DeviceCase dc(c);
     EXPECT_EQ(plan(dc.q.view, dc.k.view, dc.v.view, dc.out.view, dc.options(c, kSm90)).backend, kSm90);

@@ -104,15 +104,26 @@ void run_sm90(const AttentionParams& p) {
 
 }  // namespace
 
-// `auto` prefers cuda_sm90 to cuda_mma (priority 30) where it was measured faster: dense
-// bf16 full and causal calls from 512 queries and keys, 1.06-2.15x cuda_mma at seqlen
-// 512-2k and 1.3-2.0x at 4k-16k over d 64/128/256 (H200, one call; docs/JOURNEY.md), but
-// d=64 causal below 1k (1.00x at 512). Elsewhere, not measured against cuda_mma (shorter
-// sequences, fp16, varlen, windows, softcap, ALiBi, sinks), cuda_mma keeps the call.
+// `auto` prefers cuda_sm90 to cuda_mma (priority 30) where it was measured faster, both
+// backends in one H200 call, 16k tokens a point (docs/JOURNEY.md, "cuda_sm90: what auto
+// takes"): dense bf16 and fp16 calls from the lengths below, where sm90 ran 1.01-2.10x
+// cuda_mma (fp16) and 1.02-1.79x (bf16 below 512; 1.06-2.15x at 512-16k in an earlier
+// call); below them cuda_mma led or tied (d=64 0.80-0.97x, d=128 causal 0.96-0.98x). Every
+// variant (windows, softcap, ALiBi, sinks) from 1024 keys: 1.04-2.12x at 1k-16k, d 64/128/256,
+// bf16 (fp16 at 4k: 1.14-2.00x); shorter variant calls were not measured. Varlen batches
+// run step 4.1 on cuda_sm90 (no TMA maps) and stay on cuda_mma.
 constexpr int kSm90Priority = 20, kSm90MeasuredFasterPriority = 40;
+int64_t sm90_min_seqlen(const AttentionParams& p) {
+  if (p.has_variant()) return 1024;
+  switch (p.head_dim) {
+    case 64: return p.is_causal() ? 1024 : 512;
+    case 128: return p.is_causal() ? 512 : 256;
+    default: return 128;  // d=256: 1.07-1.31x already at 128
+  }
+}
 int sm90_priority(const AttentionParams& p) {
-  if (p.dtype != DType::bf16 || p.has_variant()) return kSm90Priority;
-  const int64_t min_seqlen = p.head_dim == 64 && p.is_causal() ? 1024 : 512;
+  if (p.is_varlen()) return kSm90Priority;
+  const int64_t min_seqlen = sm90_min_seqlen(p);
   if (p.seqlen_q < min_seqlen || p.seqlen_k < min_seqlen) return kSm90Priority;
   return kSm90MeasuredFasterPriority;
 }
