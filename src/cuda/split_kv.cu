@@ -38,6 +38,29 @@ cudaMemPool_t workspace_pool(int device) {
   return pool;
 }
 
+// A split call on the legacy default stream reuses one workspace per device instead of an
+// allocation and a free from the pool (1.3 us of host time a call on the H200 host, more than
+// a tenth of the write-up's case: docs/JOURNEY.md, 2c.7). That stream orders every call made
+// on it and is never destroyed, so one buffer serves them all; the mutex is held until the
+// call's kernels are queued, so that growing the buffer (a stream-ordered free and
+// allocation) can never pass a call that still holds the old one. Other streams (which may
+// run at once, or be destroyed with work in flight) keep the pool.
+constexpr uint64_t kReusedWorkspaceMaxBytes = kPoolKeepBytes;
+struct LegacyStreamWorkspace {
+  std::mutex mutex;
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+LegacyStreamWorkspace& legacy_stream_workspace(int device) {
+  static std::mutex mutex;
+  static auto* workspaces = new std::map<int, LegacyStreamWorkspace>();  // as the pools
+  const std::lock_guard<std::mutex> lock(mutex);
+  return (*workspaces)[device];
+}
+bool is_legacy_stream(cudaStream_t stream) {
+  return stream == nullptr || stream == cudaStreamLegacy;
+}
+
 void combine_split_kv(const AttentionParams& p, const SplitPartials& parts, cudaStream_t stream,
                       bool overlap_with_producer) {
   switch (p.dtype) {
@@ -47,6 +70,16 @@ void combine_split_kv(const AttentionParams& p, const SplitPartials& parts, cuda
       launch_split_kv_combine<__nv_bfloat16>(p, parts, stream, overlap_with_producer);
       break;
   }
+}
+
+// The forward and, unless it merges its partials itself, the combine after it.
+void launch_split(const AttentionParams& p, const SplitPartials& parts, cudaStream_t stream,
+                  const std::function<void(const SplitPartials&)>& forward,
+                  bool merged_in_forward) {
+  forward(parts);
+  // sm_90+: the combine's launch overlaps the forward's tail (the forward allows it).
+  if (!merged_in_forward)
+    combine_split_kv(p, parts, stream, device_facts(p.device_index).cc.number() >= 90);
 }
 
 }  // namespace
@@ -92,18 +125,31 @@ void run_split_forward(const AttentionParams& p, const SplitPlan& plan, cudaStre
     forward(SplitPartials{});
     return;
   }
+  const auto bytes = static_cast<size_t>(plan.workspace_bytes());
+  auto partials_at = [&](void* workspace) {
+    return SplitPartials::at(workspace, plan.tiles, plan.splits, plan.tile.block_m,
+                             plan.tile.pitch, plan.query_blocks);
+  };
+  if (is_legacy_stream(stream) && bytes <= kReusedWorkspaceMaxBytes) {
+    LegacyStreamWorkspace& reused = legacy_stream_workspace(p.device_index);
+    const std::lock_guard<std::mutex> lock(reused.mutex);
+    if (reused.bytes < bytes) {
+      if (reused.data != nullptr)
+        check_cuda(cudaFreeAsync(reused.data, stream), "cudaFreeAsync(split-KV workspace)");
+      reused.data = nullptr;
+      reused.bytes = 0;
+      check_cuda(cudaMallocFromPoolAsync(&reused.data, bytes, workspace_pool(p.device_index), stream),
+                 "cudaMallocFromPoolAsync(split-KV workspace)");
+      reused.bytes = bytes;
+    }
+    launch_split(p, partials_at(reused.data), stream, forward, merged_in_forward);
+    return;
+  }
   void* workspace = nullptr;
-  check_cuda(cudaMallocFromPoolAsync(&workspace, static_cast<size_t>(plan.workspace_bytes()),
-                                     workspace_pool(p.device_index), stream),
+  check_cuda(cudaMallocFromPoolAsync(&workspace, bytes, workspace_pool(p.device_index), stream),
              "cudaMallocFromPoolAsync(split-KV workspace)");
-  const SplitPartials parts = SplitPartials::at(workspace, plan.tiles, plan.splits,
-                                                plan.tile.block_m, plan.tile.pitch,
-                                                plan.query_blocks);
   try {
-    forward(parts);
-    // sm_90+: the combine's launch overlaps the forward's tail (the forward allows it).
-    if (!merged_in_forward)
-      combine_split_kv(p, parts, stream, device_facts(p.device_index).cc.number() >= 90);
+    launch_split(p, partials_at(workspace), stream, forward, merged_in_forward);
   } catch (...) {
     cudaFreeAsync(workspace, stream);
     throw;

@@ -53,9 +53,10 @@ SplitPlan split_plan(const AttentionParams& p, const SplitTile& tile, const char
 
 // Runs `forward` (which launches the kernel on `stream`) for `plan`: with one split it gets
 // empty partials (splits = 1) and writes out and lse itself; with more, it gets partials in
-// a workspace from the device's pool and, unless `merged_in_forward`, the combine kernel
-// merges them into p.o and p.lse after it (a programmatic dependent launch on sm_90+: the
-// forward should call allow_dependent_launch()).
+// a workspace (on the legacy default stream one kept per device, else from the device's
+// pool) and, unless `merged_in_forward`, the combine kernel merges them into p.o and p.lse
+// after it (a programmatic dependent launch on sm_90+: the forward should call
+// allow_dependent_launch()).
 void run_split_forward(const AttentionParams& p, const SplitPlan& plan, cudaStream_t stream,
                        const std::function<void(const SplitPartials&)>& forward,
                        bool merged_in_forward = false);

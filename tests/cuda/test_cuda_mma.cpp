@@ -418,6 +418,54 @@ TEST(CudaMma, SmallCallsSplitTheirKeys) {
   testing::expect_bad_split_pins_refused(kMma, "FLASHTILE_MMA_SPLITS");
 }
 
+// Split calls on the legacy default stream share one workspace per device (split_kv.cu):
+// two host threads calling at once with calls of two sizes each get, every time, what the
+// call gives alone, bitwise; a call on a stream of its own still takes the pool.
+TEST(CudaMma, SplitCallsFromTwoThreadsShareTheDefaultStreamWorkspace) {
+  SKIP_WITHOUT_MMA_DEVICE();
+  const testing::ScopedEnv unpinned("FLASHTILE_MMA_SPLITS", nullptr);
+  AttentionCase small(shape_of(DType::bf16, 1, 300, 1024, 1, 1, 64));
+  AttentionCase large(shape_of(DType::bf16, 1, 1024, 4096, 2, 1, 128));
+  DeviceCase ds(small), dl(large);
+  const int64_t small_bytes =
+      plan(ds.q.view, ds.k.view, ds.v.view, ds.out.view, ds.options(small, kMma)).workspace_bytes;
+  const int64_t large_bytes =
+      plan(dl.q.view, dl.k.view, dl.v.view, dl.out.view, dl.options(large, kMma)).workspace_bytes;
+  if (small_bytes == 0 || large_bytes <= small_bytes)
+    GTEST_SKIP() << "this GPU splits neither call, or not into workspaces of two sizes";
+  ds.run(small, kMma);
+  expect_oracle(small);
+  dl.run(large, kMma);
+  expect_oracle(large);
+  const auto small_out = small.out.bytes, large_out = large.out.bytes;
+  const int runs = small_grid() ? 4 : 20;
+  int small_mismatches = 0, large_mismatches = 0;
+  auto repeat = [&](AttentionCase& c, DeviceCase& d, const decltype(small_out)& expected,
+                    int& mismatches) {
+    for (int run = 0; run < runs; ++run) {
+      d.poison();
+      d.run(c, kMma);
+      if (c.out.bytes != expected) ++mismatches;
+    }
+  };
+  std::thread first([&] { repeat(small, ds, small_out, small_mismatches); });
+  std::thread second([&] { repeat(large, dl, large_out, large_mismatches); });
+  first.join();
+  second.join();
+  EXPECT_EQ(small_mismatches, 0);
+  EXPECT_EQ(large_mismatches, 0);
+  cudaStream_t own = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), cudaSuccess);
+  Options o = dl.options(large, kMma);
+  o.stream = own;
+  dl.poison();
+  forward(dl.q.view, dl.k.view, dl.v.view, dl.out.view, o);
+  ASSERT_EQ(cudaStreamSynchronize(own), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(own), cudaSuccess);
+  dl.copy_back(large);
+  EXPECT_EQ(large.out.bytes, large_out);
+}
+
 // Rows that do not start on 16 bytes are served with narrower accesses: pointers offset by
 // 2, 4 and 8 bytes (one per tensor in turn), odd strides (odd head dims, padded rows).
 TEST(CudaMma, MisalignedPointersAndStridesAreServed) {
