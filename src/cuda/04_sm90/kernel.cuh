@@ -27,11 +27,13 @@
 //    SeqlenInfo::lse_index.
 //
 // Step 4.4 (kOverlap) and 4.5 (kPingPong) are below. Each head dim's dense calls take the
-// pipeline measured fastest for their length and mask (Sm90Traits::dense_pipeline).
+// pipeline measured fastest for their length and mask (Sm90Traits::dense_pipeline), windows
+// Sm90Traits::kWindowPipeline.
 // Softcap and ALiBi run in a transformed kernel per pipeline (LogitsTransform::apply).
-// Step 4.6 (sm90_persistent_forward_kernel, Pipeline::tma_persistent, only when pinned: not
-// yet measured): persistent CTAs over a heaviest-first schedule (tile_schedule.hpp), the
-// producer running ahead into the next work item. Next (issue 9): a TMA-store epilogue.
+// Step 4.6 (sm90_persistent_forward_kernel, Pipeline::tma_persistent: d=256 full calls from
+// 4k, windows at d=64 and 256): persistent CTAs over a heaviest-first schedule
+// (tile_schedule.hpp), the producer running ahead into the next work item. Next (issue 9):
+// a TMA-store epilogue.
 // Step 4.7 (Pipeline::tma_*_m192, d=64): three consumer warpgroups, 192 query rows a CTA
 // (160 registers each), on 4.3's, 4.4's or 4.5's consumers; ping-pong turns go round the
 // three. d=64's dense full calls from 4k and bf16 causal ones from 16k take its ping-pong.
@@ -1189,15 +1191,16 @@ inline constexpr const char* kPinSm90Splits = "FLASHTILE_SM90_SPLITS";
 // key split. Cfg is the head dim's traits: its 128-row configuration, and Cfg::BlockM192 the
 // 192-row one of step 4.7 where the head dim has one (void elsewhere).
 // Split-KV (4.10): a call whose blocks cannot fill the GPU splits its keys on the
-// warp-specialised pipelines; an unpinned persistent choice (4.6: d=256 full from 4k) then
-// takes 4.4's kernel, which splits (a persistent CTA has one block at most anyway).
+// warp-specialised pipelines; an unpinned persistent choice (4.6: d=256 full from 4k, windows
+// at d=64 and 256) then takes the one-block kernel on the same consumers, which splits (a
+// persistent CTA has one block at most anyway).
 template <class Cfg>
 Sm90Call plan_sm90_call(const AttentionParams& p, std::optional<Pipeline> pinned) {
-  // Dense calls: full and causal ones take the head dim's measured choice (traits.cuh);
-  // windows step 4.3 (few key tiles per CTA, like short causal calls; 4.4/4.5 not measured).
+  // Dense calls: full and causal ones, and windows, take the head dim's measured choice
+  // (traits.cuh).
   const bool window = p.has_mask() && !p.is_causal();
   const Pipeline wanted = pinned ? *pinned
-                          : window ? Pipeline::tma_warp_specialized
+                          : window ? Cfg::kWindowPipeline
                                    : Cfg::dense_pipeline(p);
   Sm90Call call;
   if (uses_block_m192(wanted)) {
@@ -1225,7 +1228,9 @@ Sm90Call plan_sm90_call(const AttentionParams& p, std::optional<Pipeline> pinned
   if (may_split) {
     call.split = split_plan(p, split_tile_of<Cfg>(), kPinSm90Splits);
     if (call.pipeline == Pipeline::tma_persistent && call.split.splits > 1)
-      call.pipeline = Pipeline::tma_warp_specialized_overlap;
+      call.pipeline = Cfg::kPersistentPingPong ? Pipeline::tma_ping_pong
+                      : Cfg::kPersistentOverlap ? Pipeline::tma_warp_specialized_overlap
+                                                : Pipeline::tma_warp_specialized;
     if (!splits_keys(call.pipeline)) call.split.splits = 1;
   }
   return call;

@@ -51,6 +51,10 @@ struct Sm90Traits<64> : Sm90Config<64, 128, 2, 2, 1> {
                                     : p.seqlen_k >= 4096;
     return m192 ? Pipeline::tma_ping_pong_m192 : Pipeline::tma_warp_specialized;
   }
+  // Windowed calls (bf16, 4k and 16k, two runs; docs/JOURNEY.md, "cuda_sm90: the window's
+  // pipeline"): the persistent kernel on 4.3's consumers 7-10% faster than 4.3 at window
+  // (1024, 0), level at (4096, 0); the overlapped and 192-row ones 4-30% slower.
+  static constexpr Pipeline kWindowPipeline = Pipeline::tma_persistent;
 };
 template <>
 struct Sm90Traits<128> : Sm90Config<128, 128, 2, 2, 1> {
@@ -66,6 +70,9 @@ struct Sm90Traits<128> : Sm90Config<128, 128, 2, 2, 1> {
       return p.seqlen_k >= 8192 ? Pipeline::tma_ping_pong : Pipeline::tma_warp_specialized;
     return p.seqlen_k >= 4096 ? Pipeline::tma_ping_pong : Pipeline::tma_warp_specialized_overlap;
   }
+  // Windowed calls: 4.3, which the persistent kernel and ping-pong trail by 5-11% at window
+  // (1024, 0) and lead by 1-2% at (4096, 0).
+  static constexpr Pipeline kWindowPipeline = Pipeline::tma_warp_specialized;
 };
 // d=256: 64-key tiles, so S (32 registers) and O (128) fit the consumers' 240 registers;
 // 64 KB of Q + 2·2·32 KB of K/V = 192 KB.
@@ -86,6 +93,9 @@ struct Sm90Traits<256> : Sm90Config<256, 64, 2, 2, 1> {
       return p.seqlen_k < 2048 ? Pipeline::tma_warp_specialized : Pipeline::tma_warp_specialized_overlap;
     return p.seqlen_k >= 4096 ? Pipeline::tma_persistent : Pipeline::tma_warp_specialized_overlap;
   }
+  // Windowed calls: the persistent kernel (4.4's consumers), level with 4.3 at window (1024,
+  // 0) and 5.6% faster at (4096, 0), as ping-pong is.
+  static constexpr Pipeline kWindowPipeline = Pipeline::tma_persistent;
 };
 
 // The shared-memory budget of every kernel, per head dim (the persistent one double-buffers Q
