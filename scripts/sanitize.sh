@@ -22,6 +22,7 @@ if [ "$mode" = thread ]; then
     --gtest_filter=-CpuFlash.ThreadCountDoesNotChangeOneBit
 else
   configure build-asan address,undefined
-  OMP_WAIT_POLICY=passive ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  OMP_WAIT_POLICY=passive UBSAN_OPTIONS=print_stacktrace=1 \
+    ASAN_OPTIONS=detect_leaks=1:malloc_context_size=4 LSAN_OPTIONS=suppressions=$PWD/scripts/lsan.supp \
     build-asan/tests/flashtile_cpu_tests --gtest_brief=1
 fi
