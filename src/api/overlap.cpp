@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <set>
 #include <utility>
+#include <vector>
 
 namespace flashtile::detail {
 namespace {

@@ -5,17 +5,20 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
+
+#include "common/fixed_vector.hpp"
 
 namespace flashtile::detail {
 
 // A strided view in bytes: element x (0 <= x_i < extents[i]) covers
 // [address + Σ x_i·byte_strides[i], + element_bytes).
+// Up to four dimensions (a TensorView's rank), held in place.
+using StridedDims = FixedVector<int64_t, 4>;
 struct StridedBytes {
   uintptr_t address = 0;
   int64_t element_bytes = 1;
-  std::vector<int64_t> extents;       // every extent >= 1
-  std::vector<int64_t> byte_strides;  // any sign
+  StridedDims extents;       // every extent >= 1
+  StridedDims byte_strides;  // any sign
 };
 
 enum class Overlap {

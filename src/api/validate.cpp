@@ -24,6 +24,10 @@ struct Footprint {
   const char* name;
 };
 
+// Every footprint of one call, in place: q, k, v, slopes, sinks, out, and backward's dout,
+// lse, dlse (inputs); dq, dk, dv, dsinks (outputs).
+using Footprints = FixedVector<Footprint, 10>;
+
 // Whether two footprints share a byte: disjoint ranges settle it; otherwise the exact
 // search decides, and a search that gives up counts as an overlap.
 bool overlaps(const Footprint& a, const Footprint& b) {
@@ -33,9 +37,7 @@ bool overlaps(const Footprint& a, const Footprint& b) {
 
 class Validator {
  public:
-  explicit Validator(const CallArgs& call) : call_(call) {
-    inputs_.reserve(8);  // q, k, v, slopes, sinks, out, dout, lse: no regrowth per call
-  }
+  explicit Validator(const CallArgs& call) : call_(call) {}
   AttentionParams run();
   BackwardParams run_backward(const BackwardArgs& grads);
 
@@ -60,7 +62,7 @@ class Validator {
     return r;
   }
   // The footprint of a view with non-negative strides (in elements of `bytes_per` bytes).
-  Footprint footprint(const void* data, std::vector<int64_t> extents, std::vector<int64_t> strides,
+  Footprint footprint(const void* data, StridedDims extents, StridedDims strides,
                       int64_t bytes_per, const char* name) const {
     int64_t last_element = 0;
     for (size_t i = 0; i < extents.size(); ++i)
@@ -73,12 +75,13 @@ class Validator {
     // other stride·(extent - 1) is part of `bytes`, so stride·bytes_per cannot wrap.
     for (size_t i = 0; i < strides.size(); ++i) strides[i] = extents[i] > 1 ? strides[i] * bytes_per : 0;
     return {first, first + static_cast<uintptr_t>(bytes) - 1,
-            {first, bytes_per, std::move(extents), std::move(strides)}, name};
+            {first, bytes_per, extents, strides}, name};
   }
 
   void check_view(const TensorView& t, const char* name);
   Footprint view_footprint(const TensorView& t, const char* name) const {
-    return footprint(t.data, {t.shape.begin(), t.shape.end()}, {t.strides.begin(), t.strides.end()},
+    return footprint(t.data, StridedDims(t.shape.begin(), t.shape.end()),
+                     StridedDims(t.strides.begin(), t.strides.end()),
                      int64_t(dtype_size(t.dtype)), name);
   }
   void expect_dim(const TensorView& t, const char* name, int dim, int64_t expected,
@@ -100,7 +103,7 @@ class Validator {
   // Fails unless output `f` overlaps neither itself (when `view` is given: a strided view)
   // nor any footprint in `others`.
   void require_disjoint(const Footprint& f, const TensorView* view,
-                        const std::vector<Footprint>& others) const;
+                        const Footprints& others) const;
   // Elements of the LSE: [batch, heads_q, seqlen_q] dense, [heads_q, total_q] varlen.
   int64_t lse_elements(const AttentionParams& p) const;
   // A view of backward shaped as `like` (dout, dq, dk, dv): checked as q is, with q's dtype
@@ -109,7 +112,7 @@ class Validator {
                              const char* like_name);
 
   const CallArgs& call_;
-  std::vector<Footprint> inputs_;  // q, k, v, slopes, sinks (then out): what out and lse must not overlap
+  Footprints inputs_;  // q, k, v, slopes, sinks (then out): what out and lse must not overlap
 };
 
 void Validator::check_view(const TensorView& t, const char* name) {
@@ -144,10 +147,6 @@ void Validator::check_param_view(const ParamView& view, const char* name, int64_
   if (!(view.device == call_.q.device))
     fail(ErrorKind::invalid_argument, name, ".device must match q.device (expected ",
          device_name(call_.q.device), ", got ", device_name(view.device), ")");
-  const std::string shapes =
-      allow_2d ? "(heads_q) or (batch, heads_q) = (" + std::to_string(heads) + ",) or (" +
-                     std::to_string(batch) + ", " + std::to_string(heads) + ")"
-               : "(heads_q) = (" + std::to_string(heads) + ",)";
   if (view.ndim == 1 && view.shape[0] == heads) {
     batch_stride = 0;
     head_stride = view.strides[0];
@@ -160,6 +159,10 @@ void Validator::check_param_view(const ParamView& view, const char* name, int64_
     for (int i = 0; i < std::clamp(view.ndim, 0, 2); ++i) given << (i ? ", " : "") << view.shape[i];
     given << (view.ndim == 1 ? ",)" : ")");
     if (view.ndim < 1 || view.ndim > 2) given.str(std::to_string(view.ndim) + "-D");
+    const std::string shapes =
+        allow_2d ? "(heads_q) or (batch, heads_q) = (" + std::to_string(heads) + ",) or (" +
+                       std::to_string(batch) + ", " + std::to_string(heads) + ")"
+                 : "(heads_q) = (" + std::to_string(heads) + ",)";
     fail(ErrorKind::invalid_argument, name, " must be shaped ", shapes, ", got ", given.str());
   }
   if (batch_stride < 0 || head_stride < 0)
@@ -397,7 +400,7 @@ AttentionParams Validator::run() {
 }
 
 void Validator::require_disjoint(const Footprint& f, const TensorView* view,
-                                 const std::vector<Footprint>& others) const {
+                                 const Footprints& others) const {
   if (view != nullptr && self_overlap(f.layout) != Overlap::no)
     fail(ErrorKind::invalid_argument, f.name, " must not overlap itself: its strides (",
          view->strides[0], ", ", view->strides[1], ", ", view->strides[2], ", ", view->strides[3],
@@ -448,7 +451,7 @@ BackwardParams Validator::run_backward(const BackwardArgs& grads) {
                                 int64_t(sizeof(float)), "options.dlse"));
 
   // Outputs: each against itself, every input and the outputs before it.
-  std::vector<Footprint> outputs;
+  Footprints outputs;
   auto check_output = [&](const Footprint& f, const TensorView* view) {
     require_disjoint(f, view, inputs_);
     require_disjoint(f, nullptr, outputs);

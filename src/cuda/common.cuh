@@ -72,8 +72,14 @@ inline DeviceFacts read_device_facts(int device, const ComputeCapability& cc) {
   return facts;
 }
 // The facts of `device`, read once; null, with `why` set, when the device cannot be queried
-// (a bad index: asked again on the next call, which fails the same way).
+// (a bad index: asked again on the next call, which fails the same way). A call asks
+// several times; devices 0-63 are found without the lock once read.
 inline const DeviceFacts* find_device_facts(int device, std::string& why) {
+  constexpr int kCached = 64;
+  static std::atomic<const DeviceFacts*> cached[kCached] = {};
+  const bool cacheable = device >= 0 && device < kCached;
+  if (cacheable)
+    if (const DeviceFacts* known = cached[device].load(std::memory_order_acquire)) return known;
   static std::mutex mutex;
   static auto* facts = new std::map<int, DeviceFacts>();  // lives as long as the process
   const std::lock_guard<std::mutex> lock(mutex);
@@ -83,7 +89,9 @@ inline const DeviceFacts* find_device_facts(int device, std::string& why) {
     why = cc.why;
     return nullptr;
   }
-  return &facts->emplace(device, read_device_facts(device, cc)).first->second;
+  const DeviceFacts* read = &facts->emplace(device, read_device_facts(device, cc)).first->second;
+  if (cacheable) cached[device].store(read, std::memory_order_release);
+  return read;
 }
 // The facts of a device a call has already been checked against (device_unsuitable).
 inline const DeviceFacts& device_facts(int device) {

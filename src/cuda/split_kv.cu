@@ -74,7 +74,7 @@ void combine_split_kv(const AttentionParams& p, const SplitPartials& parts, cuda
 
 // The forward and, unless it merges its partials itself, the combine after it.
 void launch_split(const AttentionParams& p, const SplitPartials& parts, cudaStream_t stream,
-                  const std::function<void(const SplitPartials&)>& forward,
+                  FunctionRef<void(const SplitPartials&)> forward,
                   bool merged_in_forward) {
   forward(parts);
   // sm_90+: the combine's launch overlaps the forward's tail (the forward allows it).
@@ -84,8 +84,9 @@ void launch_split(const AttentionParams& p, const SplitPartials& parts, cudaStre
 
 }  // namespace
 
-int pinned_splits(const char* name) {
-  const char* value = std::getenv(name);
+int pinned_splits(const char* name) { return pinned_splits(name, std::getenv(name)); }
+
+int pinned_splits(const char* name, const char* value) {
   if (value == nullptr || *value == '\0') return 0;
   char* end = nullptr;
   const long n = std::strtol(value, &end, 10);
@@ -104,11 +105,15 @@ int64_t resident_ctas(const AttentionParams& p, const SplitTile& tile) {
 }
 
 SplitPlan split_plan(const AttentionParams& p, const SplitTile& tile, const char* pin_variable) {
+  return split_plan(p, tile, pinned_splits(pin_variable));
+}
+
+SplitPlan split_plan(const AttentionParams& p, const SplitTile& tile, int pinned) {
   SplitPlan plan;
   plan.tile = tile;
   plan.query_blocks = static_cast<int>((p.seqlen_q + tile.block_m - 1) / tile.block_m);
   plan.tiles = p.batch * p.heads_q * plan.query_blocks;
-  if (const int pinned = pinned_splits(pin_variable); pinned > 0) {
+  if (pinned > 0) {
     plan.splits = pinned;
     return plan;
   }
@@ -119,7 +124,7 @@ SplitPlan split_plan(const AttentionParams& p, const SplitTile& tile, const char
 }
 
 void run_split_forward(const AttentionParams& p, const SplitPlan& plan, cudaStream_t stream,
-                       const std::function<void(const SplitPartials&)>& forward,
+                       FunctionRef<void(const SplitPartials&)> forward,
                        bool merged_in_forward) {
   if (plan.splits == 1) {
     forward(SplitPartials{});

@@ -8,9 +8,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <functional>
 
 #include "api/params.hpp"
+#include "common/function_ref.hpp"
 #include "cuda/split_kv_combine.cuh"
 
 namespace flashtile::detail {
@@ -42,6 +42,8 @@ struct SplitPlan {
 // The environment variable `name` as a pinned split count (1 = never split, at most
 // kMaxSplits), or 0 when it is unset or empty; anything else is an invalid_argument error.
 int pinned_splits(const char* name);
+// The same for `value`, already read from `name` (null when unset).
+int pinned_splits(const char* name, const char* value);
 
 // CTAs of a kernel with `tile` that device p.device_index holds at once (at least one a SM).
 int64_t resident_ctas(const AttentionParams& p, const SplitTile& tile);
@@ -50,6 +52,8 @@ int64_t resident_ctas(const AttentionParams& p, const SplitTile& tile);
 // many as fill the resident CTAs (choose_splits: at least one key block a split, at most
 // kMaxSplits), 1 when the tiles already fill them.
 SplitPlan split_plan(const AttentionParams& p, const SplitTile& tile, const char* pin_variable);
+// The same with the pinned count already read (0: none).
+SplitPlan split_plan(const AttentionParams& p, const SplitTile& tile, int pinned);
 
 // Runs `forward` (which launches the kernel on `stream`) for `plan`: with one split it gets
 // empty partials (splits = 1) and writes out and lse itself; with more, it gets partials in
@@ -58,7 +62,7 @@ SplitPlan split_plan(const AttentionParams& p, const SplitTile& tile, const char
 // after it (a programmatic dependent launch on sm_90+: the forward should call
 // allow_dependent_launch()).
 void run_split_forward(const AttentionParams& p, const SplitPlan& plan, cudaStream_t stream,
-                       const std::function<void(const SplitPartials&)>& forward,
+                       FunctionRef<void(const SplitPartials&)> forward,
                        bool merged_in_forward = false);
 
 }  // namespace flashtile::detail

@@ -3,7 +3,7 @@
 // split-KV combine when the keys are split, as a programmatic dependent launch on sm_90+).
 // The kernel and its journey note are in kernel.cuh.
 //
-// Four environment knobs, read per call (plan() and forward() agree on them):
+// Five environment knobs, read per call in one pass (plan() and forward() agree on them):
 //   FLASHTILE_TF32X3_SPLITS=N  pins the key splits to N (1 = never split; at most 16)
 //                              instead of choosing them from the SM count
 //   FLASHTILE_TF32X3_MODE=single  plain TF32 (one product, ~1e-3 relative error: it fails
@@ -22,9 +22,9 @@
 //                              behind a grid barrier where its grid fits the GPU at once (2c.5)
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
+#include "common/environment.hpp"
 #include "cuda/05_tf32x3/kernel.cuh"
 #include "cuda/05_tf32x3/selection.hpp"
 #include "cuda/device_guard.cuh"
@@ -91,8 +91,18 @@ std::string tf32x3_unsupported(const AttentionParams& p) {
   return "";
 }
 
-tf32x3::Precision precision_from_environment() {
-  const char* value = std::getenv("FLASHTILE_TF32X3_MODE");
+// The knobs' values (null: unset), read once per call.
+struct Tf32x3Environment {
+  const char *splits, *mode, *path, *merge, *schedule;
+};
+Tf32x3Environment read_environment() {
+  const auto v = environment_values<5>(
+      "FLASHTILE_TF32X3_", {kPinSplits, "FLASHTILE_TF32X3_MODE", "FLASHTILE_TF32X3_PATH",
+                            "FLASHTILE_TF32X3_MERGE", "FLASHTILE_TF32X3_SM90_SCHEDULE"});
+  return {v[0], v[1], v[2], v[3], v[4]};
+}
+
+tf32x3::Precision precision_of(const char* value) {
   if (value == nullptr || *value == '\0' || std::string(value) == "split")
     return tf32x3::Precision::split3;
   if (std::string(value) == "single") return tf32x3::Precision::single;
@@ -104,8 +114,9 @@ tf32x3::Precision precision_from_environment() {
 // The split plan of a call on the kernel with `tile` (split_kv_launch.hpp). The write-up's
 // case (1024 rows, d=64) on the wgmma kernel: 8 query blocks of 128 rows, 16 splits of one
 // 64-key tile each, 128 CTAs (JOURNEY 2c.3).
-SplitPlan tf32x3_split_plan(const AttentionParams& p, const SplitTile& tile) {
-  return split_plan(p, tile, kPinSplits);
+SplitPlan tf32x3_split_plan(const AttentionParams& p, const SplitTile& tile,
+                            const Tf32x3Environment& env) {
+  return split_plan(p, tile, pinned_splits(kPinSplits, env.splits));
 }
 
 void launch_forward(const AttentionParams& p, const tf32x3::SplitArgs& args,
@@ -120,8 +131,7 @@ void launch_forward(const AttentionParams& p, const tf32x3::SplitArgs& args,
 #if FLASHTILE_TF32X3_WITH_SM90
 // FLASHTILE_TF32X3_PATH (read only where the wgmma path exists).
 enum class WgmmaPath { every_call, unsplit_calls, never };
-WgmmaPath wgmma_path_from_environment() {
-  const char* value = std::getenv("FLASHTILE_TF32X3_PATH");
+WgmmaPath wgmma_path_of(const char* value) {
   if (value == nullptr || *value == '\0' || std::string(value) == "auto")
     return WgmmaPath::every_call;
   if (std::string(value) == "unsplit") return WgmmaPath::unsplit_calls;
@@ -141,8 +151,7 @@ SplitTile sm90_geometry(int64_t head_dim) {
 #endif
 
 // FLASHTILE_TF32X3_MERGE (read only where the wgmma path runs a split call).
-bool merge_in_grid_allowed() {
-  const char* value = std::getenv("FLASHTILE_TF32X3_MERGE");
+bool merge_in_grid_allowed(const char* value) {
   if (value == nullptr || *value == '\0' || std::string(value) == "auto") return true;
   if (std::string(value) == "combine") return false;
   throw Error(ErrorKind::invalid_argument,
@@ -153,19 +162,21 @@ bool merge_in_grid_allowed() {
 // Whether a split call on the d=64 wgmma kernel (the overlapped pipeline, the only one with
 // the in-kernel merge) merges its partials itself: each split takes block_m / splits rows,
 // and the grid barrier needs every CTA resident at once (a cooperative launch).
-bool merges_in_grid(const AttentionParams& p, const SplitPlan& split) {
+bool merges_in_grid(const AttentionParams& p, const SplitPlan& split, const char* merge) {
   if (split.splits == 1 || p.head_dim != 64 || split.tile.block_m % split.splits != 0)
     return false;
   if (!device_facts(p.device_index).cooperative_launch) return false;
-  return split.tiles * split.splits <= resident_ctas(p, split.tile) && merge_in_grid_allowed();
+  return split.tiles * split.splits <= resident_ctas(p, split.tile) && merge_in_grid_allowed(merge);
 }
 
-// A call's kernel, the split plan worked out for that kernel's tile, and where the splits
-// are merged.
+// A call's kernel and precision, the split plan worked out for that kernel's tile, and where
+// the splits are merged.
 struct CallPlan {
   Tf32x3Kernel kernel = Tf32x3Kernel::mma_sync;
+  tf32x3::Precision precision = tf32x3::Precision::split3;
   SplitPlan split;
   bool merge_in_grid = false;
+  const char* schedule = nullptr;  // FLASHTILE_TF32X3_SM90_SCHEDULE's value
 };
 
 // Which kernel a call runs (selection.hpp), and its split plan. The wgmma path (step 2c)
@@ -176,40 +187,42 @@ struct CallPlan {
 // 50.2-64.0 at d=128 against mma.sync's 36.0-40.9 and 33.3-42.1, 1.31-1.54x at every
 // point, so it takes every call it covers. Not timed apart: varlen, windows, softcap,
 // ALiBi, sinks (correct on both: tests/cuda/test_cuda_tf32x3_sm90.cpp).
-CallPlan call_plan(const AttentionParams& p, tf32x3::Precision precision) {
+CallPlan call_plan(const AttentionParams& p) {
+  const Tf32x3Environment env = read_environment();
+  const tf32x3::Precision precision = precision_of(env.mode);
 #if FLASHTILE_TF32X3_WITH_SM90
   const bool covered = device_facts(p.device_index).cc.number() == 90 &&
                        (p.head_dim == 64 || p.head_dim == 128) && tf32x3::rows_aligned_16(p) &&
                        precision == tf32x3::Precision::split3;
   if (covered) {
-    const WgmmaPath path = wgmma_path_from_environment();
+    const WgmmaPath path = wgmma_path_of(env.path);
     if (path != WgmmaPath::never) {
-      const SplitPlan split = tf32x3_split_plan(p, sm90_geometry(p.head_dim));
+      const SplitPlan split = tf32x3_split_plan(p, sm90_geometry(p.head_dim), env);
       if (path == WgmmaPath::every_call || split.splits == 1)
-        return {Tf32x3Kernel::wgmma, split, merges_in_grid(p, split)};
+        return {Tf32x3Kernel::wgmma, precision, split, merges_in_grid(p, split, env.merge),
+                env.schedule};
     }
   }
-#else
-  (void)precision;
 #endif
-  return {Tf32x3Kernel::mma_sync, tf32x3_split_plan(p, geometry(p.head_dim)), false};
+  return {Tf32x3Kernel::mma_sync, precision, tf32x3_split_plan(p, geometry(p.head_dim), env),
+          false, env.schedule};
 }
 
 int64_t tf32x3_workspace_bytes(const AttentionParams& p) {
-  return call_plan(p, precision_from_environment()).split.workspace_bytes();
+  return call_plan(p).split.workspace_bytes();
 }
 
 }  // namespace
 
 // selection.hpp: the same choice, from the environment and the SM count.
 Tf32x3Kernel tf32x3_kernel_for(const AttentionParams& p) {
-  return call_plan(p, precision_from_environment()).kernel;
+  return call_plan(p).kernel;
 }
 int tf32x3_splits_for(const AttentionParams& p) {
-  return call_plan(p, precision_from_environment()).split.splits;
+  return call_plan(p).split.splits;
 }
 bool tf32x3_merges_in_grid_for(const AttentionParams& p) {
-  return call_plan(p, precision_from_environment()).merge_in_grid;
+  return call_plan(p).merge_in_grid;
 }
 
 namespace {
@@ -217,20 +230,20 @@ namespace {
 void run_tf32x3(const AttentionParams& p) {
   const DeviceGuard on_device(p.device_index);
   auto stream = static_cast<cudaStream_t>(p.stream);
-  const tf32x3::Precision precision = precision_from_environment();
-  const CallPlan call = call_plan(p, precision);
+  const CallPlan call = call_plan(p);
   // The chosen kernel's forward: finished rows, or with splits > 1 the partials.
   auto forward = [&](const tf32x3::SplitArgs& args) {
 #if FLASHTILE_TF32X3_WITH_SM90
     if (call.kernel == Tf32x3Kernel::wgmma) {
+      const tf32x3::Tf32Sm90Schedule schedule = tf32x3::tf32x3_sm90_schedule_of(call.schedule);
       if (p.head_dim == 64)
-        tf32x3::run_tf32x3_sm90_forward<64>(p, args, stream);
+        tf32x3::run_tf32x3_sm90_forward<64>(p, args, schedule, stream);
       else
-        tf32x3::run_tf32x3_sm90_forward<128>(p, args, stream);
+        tf32x3::run_tf32x3_sm90_forward<128>(p, args, schedule, stream);
       return;
     }
 #endif
-    launch_forward(p, args, precision, stream);
+    launch_forward(p, args, call.precision, stream);
   };
   run_split_forward(
       p, call.split, stream,

@@ -5,7 +5,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "api/params.hpp"
@@ -16,8 +15,8 @@ namespace flashtile::detail::tf32x3 {
 inline constexpr int kSm90HeadDims[] = {64, 128};
 
 // How the d=128 kernel (one set of K/Vᵀ planes, split between two barriers) orders its two
-// consumer warpgroups' wgmma, set by FLASHTILE_TF32X3_SM90_SCHEDULE (read per call whenever
-// the wgmma path runs; d=64's overlapped pipeline ignores it):
+// consumer warpgroups' wgmma, set by FLASHTILE_TF32X3_SM90_SCHEDULE (read per call by
+// backend.cu; d=64's overlapped pipeline ignores it):
 //   "producer" (default)  pingpong's order, and a third warpgroup that loads and splits K
 //                         and V while the consumers compute (mbarriers; step 2c.6)
 //   "pingpong"            warpgroup 1 issues S after warpgroup 0 (both meet a named barrier),
@@ -32,8 +31,8 @@ inline constexpr int kSm90HeadDims[] = {64, 128};
 // 59.2/71.9/79.6 causal against 63.4/66.4/67.3 and 51.4/60.9/67.9, +15-19%, bitwise equal.
 enum class Tf32Sm90Schedule { together, pingpong, producer };
 
-inline Tf32Sm90Schedule tf32x3_sm90_schedule_from_environment() {
-  const char* value = std::getenv("FLASHTILE_TF32X3_SM90_SCHEDULE");
+// The schedule FLASHTILE_TF32X3_SM90_SCHEDULE's value names (null: unset).
+inline Tf32Sm90Schedule tf32x3_sm90_schedule_of(const char* value) {
   if (value == nullptr || *value == '\0' || std::string(value) == "producer")
     return Tf32Sm90Schedule::producer;
   if (std::string(value) == "pingpong") return Tf32Sm90Schedule::pingpong;
@@ -51,12 +50,12 @@ struct SplitArgs;  // kernel.cuh: the key splits and, with more than one, their 
 // split_args.splits > 1 the partials that launch_split_kv_combine then merges.
 template <int kHeadDim>
 void run_tf32x3_sm90_forward(const AttentionParams& p, const SplitArgs& split_args,
-                             cudaStream_t stream);
+                             Tf32Sm90Schedule schedule, cudaStream_t stream);
 
 extern template void run_tf32x3_sm90_forward<64>(const AttentionParams&, const SplitArgs&,
-                                                 cudaStream_t);
+                                                 Tf32Sm90Schedule, cudaStream_t);
 extern template void run_tf32x3_sm90_forward<128>(const AttentionParams&, const SplitArgs&,
-                                                  cudaStream_t);
+                                                  Tf32Sm90Schedule, cudaStream_t);
 
 // The wgmma kernel's tile for head dim kHeadDim (Tf32Sm90Traits), which the split plan of a
 // call on this path is worked out from (backend.cu's split_plan): one CTA per SM.

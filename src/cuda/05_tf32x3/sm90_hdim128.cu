@@ -5,6 +5,6 @@
 
 namespace flashtile::detail::tf32x3 {
 template void run_tf32x3_sm90_forward<128>(const AttentionParams&, const SplitArgs&,
-                                              cudaStream_t);
+                                              Tf32Sm90Schedule, cudaStream_t);
 template Tf32Sm90Tile tf32x3_sm90_tile<128>();
 }  // namespace flashtile::detail::tf32x3

@@ -1077,9 +1077,8 @@ void launch_tf32x3_sm90(const AttentionParams& p, const SplitArgs& split_args,
 // one set of planes (d=128), per schedule (FLASHTILE_TF32X3_SM90_SCHEDULE, sm90.hpp).
 template <int kHeadDim>
 void run_tf32x3_sm90_forward(const AttentionParams& p, const SplitArgs& split_args,
-                             cudaStream_t stream) {
+                             Tf32Sm90Schedule schedule, cudaStream_t stream) {
   using Cfg = Tf32Sm90Traits<kHeadDim>;
-  const Tf32Sm90Schedule schedule = tf32x3_sm90_schedule_from_environment();
   with_logits_flags(p, [&](auto flags) {
     using Logits = decltype(flags);
     if constexpr (Cfg::kOverlapSplit) {
