@@ -53,9 +53,9 @@ if [ "$phase" != rest ] && [ "${SUITES:-1}" != 0 ]; then
   # The backward's full grid (1023/1025 lengths) spends minutes in the host oracle: the small
   # grid unless BACKWARD_FULL_GRID is set.
   if [ -n "${BACKWARD_FULL_GRID:-}" ]; then
-    step cuda_mma_backward_tests $build/tests/flashtile_cuda_mma_backward_tests
+    step cuda_backward_tests $build/tests/flashtile_cuda_backward_tests
   else
-    FLASHTILE_SMALL_GRID=1 step cuda_mma_backward_tests $build/tests/flashtile_cuda_mma_backward_tests
+    FLASHTILE_SMALL_GRID=1 step cuda_backward_tests $build/tests/flashtile_cuda_backward_tests
   fi
   # The CPU suites run in CI; here only when asked (the H200 host's 16 cores).
   [ -n "${CPU_TESTS:-}" ] && OMP_WAIT_POLICY=passive step cpu_tests $build/tests/flashtile_cpu_tests
@@ -71,7 +71,9 @@ if [ "$phase" != rest ] && [ "${SANITIZERS:-1}" != 0 ]; then
   sm90_subset+=":Dtypes/CudaSm90Grid.BlocksThatSeeNoKeyWriteZerosOnEveryRun/float16:CudaSm90BlockM192.*"
   tf32x3_subset="CudaTf32x3.EveryHeadDim*:CudaTf32x3.Misaligned*:CudaTf32x3.SplitKv*:CudaTf32x3.Refusals*"
   tf32x3_sm90_subset="CudaTf32x3Sm90.VariantsMatchOracle:CudaTf32x3Sm90.VarlenMatchesOracle"
-  backward_subset="Dtypes/CudaMmaBackwardGrid.VarlenMatchesOracle/bfloat16:CudaMmaBackward.EveryHeadDim*:CudaMmaBackward.Refuses*"
+  backward_subset="BackendsAndDtypes/CudaBackwardGrid.VarlenMatchesOracle/cuda_mma_bfloat16:CudaMmaBackward.EveryHeadDim*:CudaMmaBackward.Refuses*"
+  backward_subset+=":BackendsAndDtypes/CudaBackwardGrid.VarlenMatchesOracle/cuda_sm90_bfloat16"
+  backward_subset+=":BackendsAndDtypes/CudaBackwardGrid.VariantsMatchOracle/cuda_sm90_float16:CudaSm90Backward.Refuses*"
   LIMIT=${SAN_LIMIT:-90}
   FLASHTILE_SMALL_GRID=1 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
     $build/tests/flashtile_cuda_tests --gtest_filter="*MatchesOracle*:*Unsupported*:*NonFinite*"
@@ -84,8 +86,8 @@ if [ "$phase" != rest ] && [ "${SANITIZERS:-1}" != 0 ]; then
       $build/tests/flashtile_cuda_tf32x3_tests --gtest_filter="$tf32x3_subset"
     FLASHTILE_SMALL_GRID=1 step ${tool}_tf32x3_sm90 compute-sanitizer --tool $tool --error-exitcode 1 \
       $build/tests/flashtile_cuda_tf32x3_sm90_tests --gtest_filter="$tf32x3_sm90_subset"
-    FLASHTILE_SMALL_GRID=1 step ${tool}_mma_backward compute-sanitizer --tool $tool --error-exitcode 1 \
-      $build/tests/flashtile_cuda_mma_backward_tests --gtest_filter="$backward_subset"
+    FLASHTILE_SMALL_GRID=1 step ${tool}_backward compute-sanitizer --tool $tool --error-exitcode 1 \
+      $build/tests/flashtile_cuda_backward_tests --gtest_filter="$backward_subset"
     # cuda_sm90's opt-in persistent pipeline (4.6): several items per CTA on every head dim.
     FLASHTILE_SM90_PIPELINE=tma_persistent step ${tool}_sm90_persistent compute-sanitizer --tool $tool \
       --error-exitcode 1 $build/tests/flashtile_cuda_sm90_tests \

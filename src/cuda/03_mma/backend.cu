@@ -145,25 +145,14 @@ void run_backward_for_dtype(const BackwardParams& bp, void* workspace, cudaStrea
 void run_mma_backward(const BackwardParams& bp) {
   const DeviceGuard on_device(bp.fwd.device_index);
   auto stream = static_cast<cudaStream_t>(bp.fwd.stream);
-  const int64_t bytes = mma_backward_workspace_bytes(bp);
-  // Stream-ordered: the allocation is reused by the pool across calls, and freed after the
-  // passes that read it.
-  void* workspace = nullptr;
-  if (bytes > 0)
-    check_cuda(cudaMallocAsync(&workspace, size_t(bytes), stream), "cudaMallocAsync(workspace)");
-  try {
+  mma::with_backward_workspace(mma_backward_workspace_bytes(bp), stream, [&](void* workspace) {
     switch (mma::backward_head_dim(bp.fwd.head_dim)) {
       case 64: run_backward_for_dtype<64>(bp, workspace, stream); break;
       case 128: run_backward_for_dtype<128>(bp, workspace, stream); break;
       default:  // validated before
         throw Error(ErrorKind::unsupported, mma_backward_unsupported(bp));
     }
-  } catch (...) {
-    if (workspace != nullptr) cudaFreeAsync(workspace, stream);
-    throw;
-  }
-  if (workspace != nullptr)
-    check_cuda(cudaFreeAsync(workspace, stream), "cudaFreeAsync(workspace)");
+  });
 }
 
 }  // namespace

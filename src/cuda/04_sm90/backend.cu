@@ -37,19 +37,16 @@ std::string sm90_unavailable() {
 #endif
 }
 
-// Every row of q, k, v and out starts on 16 bytes: the kernel moves whole 16-byte chunks.
-std::string alignment_unsupported(const AttentionParams& p) {
-  struct Tensor {
-    const char* name;
-    const void* data;
-    int64_t batch_stride, row_stride, head_stride;
-  };
-  const Tensor tensors[] = {
-      {"q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride},
-      {"k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride},
-      {"v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride},
-      {"out", p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride}};
-  for (const Tensor& t : tensors) {
+struct StridedTensor {
+  const char* name;
+  const void* data;
+  int64_t batch_stride, row_stride, head_stride;
+};
+
+// Why not every row of `tensors` starts on 16 bytes (the kernels move whole 16-byte chunks), or "".
+template <size_t kCount>
+std::string rows_unaligned(const StridedTensor (&tensors)[kCount]) {
+  for (const StridedTensor& t : tensors) {
     if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
       return std::string("cuda_sm90 needs 16-byte aligned rows; ") + t.name +
              ".data is not 16-byte aligned";
@@ -60,6 +57,15 @@ std::string alignment_unsupported(const AttentionParams& p) {
              ") elements, not all multiples of 8";
   }
   return "";
+}
+
+std::string alignment_unsupported(const AttentionParams& p) {
+  const StridedTensor tensors[] = {
+      {"q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride},
+      {"k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride},
+      {"v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride},
+      {"out", p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride}};
+  return rows_unaligned(tensors);
 }
 
 std::string sm90_unsupported(const AttentionParams& p) {
@@ -102,6 +108,47 @@ void run_sm90(const AttentionParams& p) {
 #endif
 }
 
+// What the backward refuses beyond the forward's reasons (sm90_unsupported runs first):
+// head dims other than 64 and 128, and rows of dout, dk or dv off 16 bytes (dq is written
+// by the shared post-pass, which takes any alignment). `auto` then takes cuda_mma's.
+std::string sm90_backward_unsupported(const BackwardParams& bp) {
+  const AttentionParams& p = bp.fwd;
+  if (p.head_dim != 64 && p.head_dim != 128)
+    return "cuda_sm90's backward supports head_dim 64 and 128; got " + std::to_string(p.head_dim);
+  const StridedTensor gradients[] = {
+      {"dout", bp.dout, bp.dout_strides.batch, bp.dout_strides.row, bp.dout_strides.head},
+      {"dk", bp.dk, bp.dk_strides.batch, bp.dk_strides.row, bp.dk_strides.head},
+      {"dv", bp.dv, bp.dv_strides.batch, bp.dv_strides.row, bp.dv_strides.head}};
+  if (std::string why = rows_unaligned(gradients); !why.empty()) return why;
+  if (reinterpret_cast<uintptr_t>(bp.dq) % 2 != 0)
+    return "cuda_sm90 needs 16-bit elements at even addresses; dq.data is at an odd address";
+#if FLASHTILE_WITH_SM90
+  const int smem_optin = device_facts(p.device_index).smem_optin;
+  if (const int needed = sm90::backward_shared_bytes_for(p.head_dim); needed > smem_optin)
+    return "cuda_sm90's backward at head_dim " + std::to_string(p.head_dim) + " needs " +
+           std::to_string(needed) + " bytes of shared memory per block; device " +
+           std::to_string(p.device_index) + " allows " + std::to_string(smem_optin);
+#endif
+  return "";
+}
+
+int64_t sm90_backward_workspace_bytes(const BackwardParams& bp) {
+#if FLASHTILE_WITH_SM90
+  return sm90::backward_workspace_bytes(bp);
+#else
+  (void)bp;
+  return 0;
+#endif
+}
+
+void run_sm90_backward(const BackwardParams& bp) {
+#if FLASHTILE_WITH_SM90
+  sm90::run_backward(bp, bp.fwd.stream);
+#else
+  throw Error(ErrorKind::unsupported, "cuda_sm90 is not available: " + sm90_unavailable());
+#endif
+}
+
 }  // namespace
 
 // `auto` prefers cuda_sm90 to cuda_mma (priority 30) where it was measured faster, both
@@ -129,9 +176,11 @@ int sm90_priority(const AttentionParams& p) {
 }
 
 BackendEntry make_cuda_sm90_backend() {
-  return {Backend::cuda_sm90, DeviceType::cuda, kSm90Priority, sm90_unavailable,
-          sm90_unsupported, sm90_workspace_bytes, run_sm90,
-          /*backward_workspace_bytes=*/nullptr, /*run_backward=*/nullptr, sm90_priority};
+  BackendEntry entry{Backend::cuda_sm90, DeviceType::cuda, kSm90Priority, sm90_unavailable,
+                     sm90_unsupported, sm90_workspace_bytes, run_sm90,
+                     sm90_backward_workspace_bytes, run_sm90_backward, sm90_priority};
+  entry.backward_unsupported_reason = sm90_backward_unsupported;
+  return entry;
 }
 
 }  // namespace flashtile::detail

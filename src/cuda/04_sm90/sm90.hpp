@@ -18,6 +18,13 @@ void run_forward(const AttentionParams& p, void* stream);
 // The split-KV workspace run_forward takes for p (0 when the call's keys are not split).
 int64_t workspace_bytes(const AttentionParams& p);
 
+// The backward (backward_kernel.cuh): shared memory per CTA of the head dim's configuration
+// (0: none), the workspace of bp (fp32 dQ, D, ...; backward_passes.cuh), and the run (bp
+// validated and supported) on `stream`.
+int backward_shared_bytes_for(int64_t head_dim);
+int64_t backward_workspace_bytes(const BackwardParams& bp);
+void run_backward(const BackwardParams& bp, void* stream);
+
 // Device probes of the kernel's own pieces (its shared-memory layout, descriptors and
 // fragment maps), for the unit tests. Inputs and outputs are row-major host arrays; 16-bit
 // inputs are given as floats already representable in T (bf16 when `bf16`, else fp16).

@@ -136,22 +136,37 @@ __device__ __forceinline__ void setmaxnreg_inc() {
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate))); \
   }
 
+// The same with both operands MN-major in shared memory (trans-a = trans-b = 1): A stored
+// 16 x 64 (m contiguous), B 16 x N (n contiguous), e.g. dQ = dS·K from dSᵀ and K as they lie.
+#define FT_WGMMA_SS_MN(n, dtype, r, a_at, b_at, flag_at)                                     \
+  static __device__ __forceinline__ void ss_mn_major(float (&d)[r], uint64_t a, uint64_t b, \
+                                                     bool accumulate) {                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #flag_at ", 0;\n"                     \
+                 "wgmma.mma_async.sync.aligned.m64n" #n "k16.f32." dtype "." dtype " "      \
+                 "{" FT_WGMMA_ACC_NAMES_##r "}, %" #a_at ", %" #b_at ", p, 1, 1, 1, 1;\n}\n" \
+                 : FT_WGMMA_ACC_##r                                                         \
+                 : "l"(a), "l"(b), "r"(int(accumulate)));                                   \
+  }
+
 // D (64 x N fp32) = A·B (+ D when accumulate). T: __nv_bfloat16 or __half.
 //  ss: A (64 x 16) and B (16 x N) both from shared memory, both K-major (B stored N x 16,
 //      k contiguous: the layout of K for S = Q·Kᵀ).
 //  rs: A from registers (layout above), B from shared memory MN-major (stored 16 x N, n
 //      contiguous: the layout of V for O = P·V), i.e. trans-b = 1.
+//  ss_mn_major (N = 64 only, the backward's dQ): both from shared memory, both MN-major.
 template <class T, int N>
 struct Wgmma;
 
 template <>
 struct Wgmma<__nv_bfloat16, 64> {
   FT_WGMMA_SS(64, "bf16", 32, 32, 33, 34)
+  FT_WGMMA_SS_MN(64, "bf16", 32, 32, 33, 34)
   FT_WGMMA_RS(64, "bf16", 32, 32, 33, 34, 35, 36, 37)
 };
 template <>
 struct Wgmma<__half, 64> {
   FT_WGMMA_SS(64, "f16", 32, 32, 33, 34)
+  FT_WGMMA_SS_MN(64, "f16", 32, 32, 33, 34)
   FT_WGMMA_RS(64, "f16", 32, 32, 33, 34, 35, 36, 37)
 };
 template <>
@@ -221,6 +236,7 @@ struct WgmmaTf32<128> {
 #undef FT_WGMMA_RS_TF32
 #undef FT_WGMMA_SS_TF32
 #undef FT_WGMMA_RS
+#undef FT_WGMMA_SS_MN
 #undef FT_WGMMA_SS
 #undef FT_WGMMA_ACC_NAMES_128
 #undef FT_WGMMA_ACC_NAMES_64

@@ -1,10 +1,12 @@
-// cuda_mma's backward (mma.sync, fp16/bf16) against the double oracle under the rule
+// The CUDA backwards, cuda_mma's (mma.sync, fp16/bf16) and cuda_sm90's (wgmma, head dims 64
+// and 128), against the double oracle under the rule
 // (max|g - oracle| <= 2·max|g_lowprec - oracle| + 1e-4 on dq, dk, dv; dsinks as
 // verify_backward states): the backend grid (odd lengths 1..1025, sq != sk both ways,
 // MHA/GQA/MQA, strided views), every variant, varlen with empty and length-1 sequences and
 // seqused_k, every head dim 1..128 (the aligned and the narrow path), bitwise determinism
 // over 100 runs, the atomic mode within the rule over repeated runs, and the refusals
-// (nothing written). Every test skips without a CUDA device (CI).
+// (nothing written). Each backend's tests skip where it is unavailable (without a CUDA
+// device, CI; cuda_sm90 off sm_90).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -32,19 +34,37 @@ using testing::Variant;
 using testing::with_variant;
 
 constexpr Backend kMma = Backend::cuda_mma;
+constexpr Backend kSm90 = Backend::cuda_sm90;
+constexpr Backend kBackends[] = {kMma, kSm90};
 
 #define SKIP_WITHOUT_MMA_DEVICE() FLASHTILE_SKIP_WITHOUT_BACKEND(kMma)
+
+// Whether `backend`'s backward serves head_dim (the grids skip what it refuses; the
+// refusals are tested apart).
+bool serves(Backend backend, int64_t head_dim) {
+  return backend == kSm90 ? head_dim == 64 || head_dim == 128 : head_dim <= 128;
+}
+
+// The backends of kBackends available here, or a skip when none is.
+#define FOR_EACH_AVAILABLE_BACKEND(backend)                                    \
+  FLASHTILE_SKIP_WITHOUT_CUDA();                                               \
+  for (Backend backend : kBackends)                                            \
+    if (!backend_available(backend)) {                                         \
+      std::printf("[skip] %s unavailable\n", std::string(backend_name(backend)).c_str()); \
+    } else
 
 // A host BackwardCase mirrored on the device: the forward's tensors (out restored after
 // DeviceCase's poison), its oracle lse, dout, and NaN-poisoned gradients.
 struct DeviceBackward {
+  Backend backend = kMma;
   DeviceCase fwd;
   DeviceTensor dout, dq, dk, dv;
   DeviceArray<float> dsinks;
   DeviceBuffer lse;
 
-  explicit DeviceBackward(const BackwardCase& c)
-      : fwd(c.fwd),
+  explicit DeviceBackward(const BackwardCase& c, Backend b = kMma)
+      : backend(b),
+        fwd(c.fwd),
         dout(c.dout),
         dq(c.dq),
         dk(c.dk),
@@ -56,7 +76,7 @@ struct DeviceBackward {
   }
 
   Options options(const BackwardCase& c, bool deterministic) const {
-    Options o = fwd.options(c.fwd, kMma);
+    Options o = fwd.options(c.fwd, backend);
     o.lse = nullptr;  // an argument of backward
     o.deterministic = deterministic;
     o.dsinks = dsinks.data();
@@ -110,12 +130,13 @@ struct Margin {
 };
 Margin margin;
 
-void expect_passes(const Shape& s, uint32_t seed = 1234) {
+void expect_passes(Backend backend, const Shape& s, uint32_t seed = 1234) {
+  if (!serves(backend, s.head_dim)) return;
   BackwardCase c(s, seed);
-  DeviceBackward d(c);
+  DeviceBackward d(c, backend);
   d.run(c);
   margin.add(c, c.verify());
-  EXPECT_TRUE(testing::gradients_match(c));
+  EXPECT_TRUE(testing::gradients_match(c)) << backend_name(backend) << " " << s.describe();
 }
 
 const std::vector<Variant>& variants() {
@@ -138,37 +159,44 @@ const std::vector<Variant>& variants() {
   return all;
 }
 
-class CudaMmaBackwardGrid : public ::testing::TestWithParam<DType> {};
+class CudaBackwardGrid : public ::testing::TestWithParam<std::tuple<Backend, DType>> {
+ protected:
+  Backend backend() const { return std::get<0>(GetParam()); }
+  DType dtype() const { return std::get<1>(GetParam()); }
+};
+#define SKIP_WITHOUT_GRID_BACKEND() FLASHTILE_SKIP_WITHOUT_BACKEND(backend())
 
 // Odd lengths with sq != sk both ways, causal or not, MHA/GQA/MQA, strided views; the two
 // specialised head dims, 96 (padded to 128) and 40 (the narrow path: not a multiple of 8).
-TEST_P(CudaMmaBackwardGrid, MatchesOracle) {
-  SKIP_WITHOUT_MMA_DEVICE();
-  for (const Shape& s : testing::backend_grid({64, 128, 96, 40}, GetParam(), !testing::small_grid()))
-    expect_passes(s);
+TEST_P(CudaBackwardGrid, MatchesOracle) {
+  SKIP_WITHOUT_GRID_BACKEND();
+  for (const Shape& s : testing::backend_grid({64, 128, 96, 40}, dtype(), !testing::small_grid()))
+    expect_passes(backend(), s);
 }
 
 // Every variant over lengths that put the window edges, the diagonal and the ends of Q and
 // K inside blocks, rotating head dims, GQA/MQA and strides.
-TEST_P(CudaMmaBackwardGrid, VariantsMatchOracle) {
-  SKIP_WITHOUT_MMA_DEVICE();
+TEST_P(CudaBackwardGrid, VariantsMatchOracle) {
+  SKIP_WITHOUT_GRID_BACKEND();
   const std::vector<testing::Lengths> lengths = testing::variant_lengths(!testing::small_grid());
   int rotate = 0;
   for (const Variant& v : variants())
     for (const testing::Lengths& len : lengths) {
       const int64_t head_dims[] = {64, 128, 96, 40};
-      Shape s = shape_of(GetParam(), 2, len.q, len.k, 4, 2, head_dims[rotate % 4]);
+      // cuda_sm90 takes 64 and 128 only: its rotation skips the other two.
+      const int64_t head_dim = backend() == kSm90 ? head_dims[rotate % 2] : head_dims[rotate % 4];
+      Shape s = shape_of(dtype(), 2, len.q, len.k, 4, 2, head_dim);
       s.strided = rotate % 3 == 1;
       if (rotate % 5 == 2) s.heads_kv = 1;  // MQA
       ++rotate;
-      expect_passes(with_variant(s, v));
+      expect_passes(backend(), with_variant(s, v));
     }
 }
 
 // Packed batches: empty sequences, length-1 sequences, sq != sk per sequence, seqused_k
 // (unused keys get dk = dv = 0), masks and the other features aligned per sequence.
-TEST_P(CudaMmaBackwardGrid, VarlenMatchesOracle) {
-  SKIP_WITHOUT_MMA_DEVICE();
+TEST_P(CudaBackwardGrid, VarlenMatchesOracle) {
+  SKIP_WITHOUT_GRID_BACKEND();
   const Variant varlen_variants[] = {{"full", {}},
                                      {"causal", {}, true},
                                      {"window + sinks", {20, 3}, false, 0.0f, false, false, true},
@@ -176,24 +204,30 @@ TEST_P(CudaMmaBackwardGrid, VarlenMatchesOracle) {
   for (const testing::VarlenBatch& batch : testing::varlen_batches())
     for (const Variant& v : varlen_variants)
       for (int64_t d : {64, 128}) {
-        Shape s = shape_of(GetParam(), 1, 0, 0, 4, 2, d);
+        Shape s = shape_of(dtype(), 1, 0, 0, 4, 2, d);
         s.varlen_q = batch.q, s.varlen_k = batch.k, s.seqused_k = batch.used;
         s.strided = d == 128;
-        expect_passes(with_variant(s, v));
+        expect_passes(backend(), with_variant(s, v));
       }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, CudaMmaBackwardGrid, ::testing::Values(DType::bf16, DType::f16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(BackendsAndDtypes, CudaBackwardGrid,
+                         ::testing::Combine(::testing::ValuesIn(kBackends),
+                                            ::testing::Values(DType::bf16, DType::f16)),
+                         [](const auto& info) {
+                           return std::string(backend_name(std::get<0>(info.param))) + "_" +
+                                  std::string(dtype_name(std::get<1>(info.param)));
+                         });
 
-TEST(CudaMmaBackward, LongSequences) {
-  SKIP_WITHOUT_MMA_DEVICE();
-  for (auto [sq, sk] : {std::pair{1023, 1025}, std::pair{1025, 1023}}) {
-    Shape s = shape_of(DType::bf16, 1, sq, sk, 2, 1, 64);
-    expect_passes(with_variant(s, {"causal", {}, true}));
-    s.head_dim = 128;
-    expect_passes(with_variant(s, {"window + softcap + alibi + sinks", {129, 200}, false, 1.5f,
-                                   true, false, true}));
+TEST(CudaBackward, LongSequences) {
+  FOR_EACH_AVAILABLE_BACKEND(backend) {
+    for (auto [sq, sk] : {std::pair{1023, 1025}, std::pair{1025, 1023}}) {
+      Shape s = shape_of(DType::bf16, 1, sq, sk, 2, 1, 64);
+      expect_passes(backend, with_variant(s, {"causal", {}, true}));
+      s.head_dim = 128;
+      expect_passes(backend, with_variant(s, {"window + softcap + alibi + sinks", {129, 200},
+                                              false, 1.5f, true, false, true}));
+    }
   }
 }
 
@@ -207,7 +241,7 @@ TEST(CudaMmaBackward, EveryHeadDimTo128) {
     s.softcap = 3.0f;
     s.sinks = true;
     s.strided = d % 3 == 0;
-    expect_passes(s);
+    expect_passes(kMma, s);
   }
 }
 
@@ -215,8 +249,8 @@ TEST(CudaMmaBackward, EveryHeadDimTo128) {
 // folds the group's heads in a fixed order; dsinks is a fixed-order sum in both modes). Both
 // head dims: their query blocks differ (128 rows at d=64, 64 at d=128), and so do the
 // counters the key blocks wait on.
-TEST(CudaMmaBackward, DeterministicIsBitwiseEqualOver100Runs) {
-  SKIP_WITHOUT_MMA_DEVICE();
+TEST(CudaBackward, DeterministicIsBitwiseEqualOver100Runs) {
+  FOR_EACH_AVAILABLE_BACKEND(backend)
   for (int64_t head_dim : {64, 128})
     for (bool causal : {false, true}) {
       Shape s = shape_of(DType::bf16, 2, 700, 650, 4, 2, head_dim);
@@ -224,27 +258,29 @@ TEST(CudaMmaBackward, DeterministicIsBitwiseEqualOver100Runs) {
       s.sinks = true;
       s.alibi = !causal;
       BackwardCase c(s);
-      DeviceBackward d(c);
+      DeviceBackward d(c, backend);
       d.run(c, /*deterministic=*/true);
-      ASSERT_TRUE(testing::gradients_match(c));
+      ASSERT_TRUE(testing::gradients_match(c)) << backend_name(backend);
       const std::vector<unsigned char> first = c.bytes();
       for (int run = 1; run < 100; ++run) {
         d.run(c, true);
-        ASSERT_EQ(c.bytes(), first) << "d " << head_dim << " causal " << causal << " run " << run;
+        ASSERT_EQ(c.bytes(), first) << backend_name(backend) << " d " << head_dim << " causal "
+                                    << causal << " run " << run;
       }
     }
 }
 
 // The atomic mode's dQ adds come in any order: each run stays within the rule.
-TEST(CudaMmaBackward, AtomicModeStaysWithinTheRuleOverRuns) {
-  SKIP_WITHOUT_MMA_DEVICE();
-  Shape s = shape_of(DType::f16, 1, 515, 513, 4, 1, 64);
-  s.window = {300, 40};
-  BackwardCase c(s);
-  DeviceBackward d(c);
-  for (int run = 0; run < 20; ++run) {
-    d.run(c, /*deterministic=*/false);
-    ASSERT_TRUE(testing::gradients_match(c)) << "run " << run;
+TEST(CudaBackward, AtomicModeStaysWithinTheRuleOverRuns) {
+  FOR_EACH_AVAILABLE_BACKEND(backend) {
+    Shape s = shape_of(DType::f16, 1, 515, 513, 4, 1, 64);
+    s.window = {300, 40};
+    BackwardCase c(s);
+    DeviceBackward d(c, backend);
+    for (int run = 0; run < 20; ++run) {
+      d.run(c, /*deterministic=*/false);
+      ASSERT_TRUE(testing::gradients_match(c)) << backend_name(backend) << " run " << run;
+    }
   }
 }
 
@@ -270,40 +306,46 @@ TEST(CudaMmaBackward, PlanPicksCudaMmaWithLinearWorkspace) {
 }
 
 // What the backward refuses, with the reason, before anything is written.
+void expect_refused(Backend backend, DType dtype, int64_t head_dim, const char* reason) {
+  BackwardCase c(shape_of(dtype, 1, 33, 40, 2, 1, head_dim));
+  DeviceBackward d(c, backend);
+  d.poison();
+  const Options o = d.options(c, false);
+  try {
+    backward(d.fwd.q.view, d.fwd.k.view, d.fwd.v.view, d.fwd.out.view, d.dout.view,
+             static_cast<const float*>(d.lse.data()), d.dq.view, d.dk.view, d.dv.view, o);
+    ADD_FAILURE() << backend_name(backend) << " head_dim " << head_dim << " was not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+    EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+  }
+  cuda_synchronize(0);
+  d.copy_back(c);
+  for (const testing::HostTensor* g : {&c.dq, &c.dk, &c.dv})
+    for (unsigned char byte : g->bytes) ASSERT_EQ(byte, 0xFF) << "a refused call wrote";
+}
+
 TEST(CudaMmaBackward, RefusesHeadDimsAbove128AndFp32WritingNothing) {
   SKIP_WITHOUT_MMA_DEVICE();
-  struct Refused {
-    DType dtype;
-    int64_t head_dim;
-    const char* reason;
-  };
-  for (const Refused& r : {Refused{DType::bf16, 160, "head_dim 1 to 128"},
-                           Refused{DType::f16, 256, "head_dim 1 to 128"},
-                           Refused{DType::f32, 64, "float16 and bfloat16"}}) {
-    BackwardCase c(shape_of(r.dtype, 1, 33, 40, 2, 1, r.head_dim));
-    DeviceBackward d(c);
-    d.poison();
-    const Options o = d.options(c, false);
-    try {
-      backward(d.fwd.q.view, d.fwd.k.view, d.fwd.v.view, d.fwd.out.view, d.dout.view,
-               static_cast<const float*>(d.lse.data()), d.dq.view, d.dk.view, d.dv.view, o);
-      ADD_FAILURE() << "head_dim " << r.head_dim << " was not refused";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::unsupported);
-      EXPECT_NE(std::string(e.what()).find(r.reason), std::string::npos) << e.what();
-    }
-    cuda_synchronize(0);
-    d.copy_back(c);
-    for (const testing::HostTensor* g : {&c.dq, &c.dk, &c.dv})
-      for (unsigned char byte : g->bytes) ASSERT_EQ(byte, 0xFF) << "a refused call wrote";
-  }
+  expect_refused(kMma, DType::bf16, 160, "head_dim 1 to 128");
+  expect_refused(kMma, DType::f16, 256, "head_dim 1 to 128");
+  expect_refused(kMma, DType::f32, 64, "float16 and bfloat16");
+}
+
+// cuda_sm90's backward takes head dims 64 and 128 (its forward also 256; other dims are
+// the forward's refusal); `auto` answers them with cuda_mma's.
+TEST(CudaSm90Backward, RefusesOtherHeadDimsAndFp32WritingNothing) {
+  FLASHTILE_SKIP_WITHOUT_BACKEND(kSm90);
+  expect_refused(kSm90, DType::bf16, 256, "backward supports head_dim 64 and 128");
+  expect_refused(kSm90, DType::f16, 96, "head_dim 64, 128 and 256");
+  expect_refused(kSm90, DType::f32, 64, "float16 and bfloat16");
 }
 
 // ---- a gradient into the LSE (options.dlse): D' = D - g in the row-sum pre-pass ----------
 
 // c's backward on the device with c.dlse (drawn) copied there as options.dlse.
-void run_with_lse_gradient(BackwardCase& c, bool deterministic = false) {
-  DeviceBackward d(c);
+void run_with_lse_gradient(Backend backend, BackwardCase& c, bool deterministic = false) {
+  DeviceBackward d(c, backend);
   const DeviceArray<float> dlse(c.dlse, 0);
   d.poison();
   Options o = d.options(c, deterministic);
@@ -321,28 +363,29 @@ void run_with_lse_gradient(BackwardCase& c, bool deterministic = false) {
 
 // Every variant, both dtypes, head dims 64, 128 (d = 128 is what JAX's old head-dim
 // widening could not run) and 40 (the narrow path), GQA/MQA, sq != sk both ways, strides.
-TEST(CudaMmaBackward, LseGradientMatchesOracleForEveryVariant) {
-  SKIP_WITHOUT_MMA_DEVICE();
+TEST(CudaBackward, LseGradientMatchesOracleForEveryVariant) {
+  FOR_EACH_AVAILABLE_BACKEND(backend) {
   int rotate = 0;
   for (const Variant& v : variants())
     for (auto [sq, sk] : {std::pair{130, 77}, std::pair{77, 200}}) {
       const int64_t head_dims[] = {128, 64, 40};
-      Shape s = shape_of(rotate % 2 ? DType::f16 : DType::bf16, 2, sq, sk, 4, 2,
-                         head_dims[rotate % 3]);
+      const int64_t head_dim = backend == kSm90 ? head_dims[rotate % 2] : head_dims[rotate % 3];
+      Shape s = shape_of(rotate % 2 ? DType::f16 : DType::bf16, 2, sq, sk, 4, 2, head_dim);
       s.strided = rotate % 3 == 1;
       if (rotate % 5 == 2) s.heads_kv = 1;  // MQA
       BackwardCase c(with_variant(s, v));
       c.draw_lse_gradient(uint32_t(100 + rotate++));
-      run_with_lse_gradient(c);
+      run_with_lse_gradient(backend, c);
       margin.add(c, c.verify());
-      EXPECT_TRUE(testing::gradients_match(c)) << v.name;
+      EXPECT_TRUE(testing::gradients_match(c)) << backend_name(backend) << " " << v.name;
     }
+  }
 }
 
 // Packed batches with empty sequences, sequences of queries and no keys (their g must give
 // no NaN; with sinks it reaches dsinks) and seqused_k; deterministic mode too.
-TEST(CudaMmaBackward, LseGradientVarlenAndDeterministic) {
-  SKIP_WITHOUT_MMA_DEVICE();
+TEST(CudaBackward, LseGradientVarlenAndDeterministic) {
+  FOR_EACH_AVAILABLE_BACKEND(backend) {
   const Variant varlen_variants[] = {{"causal", {}, true},
                                      {"window + sinks", {20, 3}, false, 0.0f, false, false, true},
                                      {"causal softcap alibi sinks", {}, true, 15.0f, true, true, true}};
@@ -356,9 +399,11 @@ TEST(CudaMmaBackward, LseGradientVarlenAndDeterministic) {
       s.strided = d == 128;
       BackwardCase c(with_variant(s, v));
       c.draw_lse_gradient(uint32_t(200 + n));
-      run_with_lse_gradient(c, /*deterministic=*/n++ % 2 == 1);
-      EXPECT_TRUE(testing::gradients_match(c)) << "varlen d" << d << " " << v.name;
+      run_with_lse_gradient(backend, c, /*deterministic=*/n++ % 2 == 1);
+      EXPECT_TRUE(testing::gradients_match(c))
+          << backend_name(backend) << " varlen d" << d << " " << v.name;
     }
+  }
 }
 
 // g = 0 changes no bit (D - 0 = D), in deterministic mode where the bits are repeatable.
@@ -372,7 +417,7 @@ TEST(CudaMmaBackward, ZeroLseGradientLeavesTheGradientsBitwiseUnchanged) {
   d.run(c, /*deterministic=*/true);
   const std::vector<unsigned char> without = c.bytes();
   c.dlse.assign(c.fwd.lse.size(), 0.0f);
-  run_with_lse_gradient(c, /*deterministic=*/true);
+  run_with_lse_gradient(kMma, c, /*deterministic=*/true);
   EXPECT_EQ(c.bytes(), without);
 }
 
