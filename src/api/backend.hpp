@@ -32,6 +32,8 @@ struct BackendEntry {
   int (*priority_for)(const AttentionParams&) = nullptr;
   // What the backward refuses beyond unsupported_reason (null: nothing more), or "".
   std::string (*backward_unsupported_reason)(const BackwardParams&) = nullptr;
+  // The same per-call rule for the backward (null: `priority`).
+  int (*backward_priority_for)(const BackwardParams&) = nullptr;
 };
 
 inline int64_t no_workspace(const AttentionParams&) { return 0; }

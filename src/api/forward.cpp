@@ -35,10 +35,14 @@ std::string refusal(const detail::BackendEntry& entry, const detail::AttentionPa
   return "";
 }
 
-// The priority of `entry` for this call in automatic selection (the per-call rule applies to
-// the forward pass it was measured on).
-int rank(const detail::BackendEntry& entry, const detail::AttentionParams& p, bool backward) {
-  return !backward && entry.priority_for != nullptr ? entry.priority_for(p) : entry.priority;
+// The priority of `entry` for this call in automatic selection: the per-call rule of the
+// pass it was measured on, or the entry's priority.
+int rank(const detail::BackendEntry& entry, const detail::AttentionParams& p,
+         const detail::BackwardParams* backward) {
+  if (backward != nullptr)
+    return entry.backward_priority_for != nullptr ? entry.backward_priority_for(*backward)
+                                                  : entry.priority;
+  return entry.priority_for != nullptr ? entry.priority_for(p) : entry.priority;
 }
 
 const detail::BackendEntry& choose(const detail::AttentionParams& p, DeviceType device,

@@ -175,11 +175,22 @@ int sm90_priority(const AttentionParams& p) {
   return kSm90MeasuredFasterPriority;
 }
 
+// The backward: cuda_sm90's ran 1.06-1.30x cuda_mma's at every point measured (H200, bf16,
+// d 64 and 128, causal and not, seqlen 1k-16k; docs/JOURNEY.md "Step 4b"): `auto` takes it
+// for dense calls from 1024 keys and queries. Shorter and varlen calls were not measured and
+// stay on cuda_mma.
+int sm90_backward_priority(const BackwardParams& bp) {
+  const AttentionParams& p = bp.fwd;
+  if (p.is_varlen() || p.seqlen_q < 1024 || p.seqlen_k < 1024) return kSm90Priority;
+  return kSm90MeasuredFasterPriority;
+}
+
 BackendEntry make_cuda_sm90_backend() {
   BackendEntry entry{Backend::cuda_sm90, DeviceType::cuda, kSm90Priority, sm90_unavailable,
                      sm90_unsupported, sm90_workspace_bytes, run_sm90,
                      sm90_backward_workspace_bytes, run_sm90_backward, sm90_priority};
   entry.backward_unsupported_reason = sm90_backward_unsupported;
+  entry.backward_priority_for = sm90_backward_priority;
   return entry;
 }
 

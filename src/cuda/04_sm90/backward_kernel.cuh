@@ -1,7 +1,6 @@
 // Journey step 4b — the cuda_sm90 backward: FlashAttention-2's algorithm (the cuda_mma
 // backward's, 03_mma/backward_kernel.cuh; formulas in docs/BACKWARD.md) on Hopper's
-// warpgroup MMA, sm_90a only. Step 4b.1: wgmma with cp.async loads; 4b.2: dQ's adds by the
-// copy engine (a bulk reduction a row from a staged tile) instead of the threads' atomics.
+// warpgroup MMA, sm_90a only. Step 4b.1: wgmma with cp.async loads.
 //
 // The pre-pass (D, the sinks' partials), the dQ post-pass and the workspace are the cuda_mma
 // backward's (03_mma/backward_passes.cuh); this is the main pass. One CTA per (key block of
@@ -16,8 +15,7 @@
 //   dQ (kBlockM x d) = dS·K          wgmma ss with both operands MN-major: dSᵀ as the
 //                                    warpgroups wrote it to shared memory, K as it lies; one
 //                                    64 x 64 tile per warpgroup, added to the fp32
-//                                    accumulator by bulk reductions from shared memory
-//                                    (deterministic: 8-byte reductions in key-block order)
+//                                    accumulator by 8-byte reductions (or in key-block order)
 // The next step's Q and dO tiles are in flight (cp.async, double-buffered) during each step.
 // Tiles use the forward's K-major 128-byte-swizzle layout (kernel.cuh's header); dSᵀ is a
 // (kBlockN keys, kBlockM rows) tile of it, whose rows are keys.
@@ -27,13 +25,10 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "cuda/03_mma/backward_passes.cuh"
 #include "cuda/04_sm90/kernel.cuh"
-#include "cuda/ptx/tma.cuh"
 
 namespace flashtile::detail::sm90 {
 
@@ -60,9 +55,8 @@ struct Sm90BackwardConfig {
   static constexpr int kKeyTileBytes = kBlockN * kHeadDim * 2;
   static constexpr int kRowTileBytes = kBlockM * kHeadDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
-  // [ K | V | Q stage 0, 1 | dO stage 0, 1 | dSᵀ | lse·log2e stage 0, 1 | D stage 0, 1 |
-  //   dQ staging, a tile a warpgroup ] from the first 1024-aligned address (the slack is
-  // counted in kSmemBytes).
+  // [ K | V | Q stage 0, 1 | dO stage 0, 1 | dSᵀ | lse·log2e stage 0, 1 | D stage 0, 1 ]
+  // from the first 1024-aligned address (the slack is counted in kSmemBytes).
   static constexpr int kKOffset = 0;
   static constexpr int kVOffset = kKeyTileBytes;
   static constexpr int kQOffset = 2 * kKeyTileBytes;
@@ -70,13 +64,7 @@ struct Sm90BackwardConfig {
   static constexpr int kDsOffset = kDoOffset + 2 * kRowTileBytes;
   static constexpr int kLseOffset = kDsOffset + kDsBytes;
   static constexpr int kDOffset = kLseOffset + 2 * kBlockM * 4;
-  // Each warpgroup's dQ tile staged as fp32 rows for the bulk reduction (step 4b.2), the
-  // pitch 16 bytes past 256 so that the accumulator's eight rows a warp stores hit distinct
-  // banks (and each row stays 16-byte aligned for the copy engine).
-  static constexpr int kDqPitchBytes = 64 * 4 + 16;
-  static constexpr int kDqStageBytes = 64 * kDqPitchBytes;
-  static constexpr int kDqOffset = kDOffset + 2 * kBlockM * 4;
-  static constexpr int kSmemBytes = kDqOffset + kWarpgroups * kDqStageBytes + kAtomBytes;
+  static constexpr int kSmemBytes = kDOffset + 2 * kBlockM * 4 + kAtomBytes;
 
   static_assert(kHeadDim % kSwizzleCols == 0 && kHeadDim <= 128,
                 "backward head dim: whole swizzle blocks, <= 128 (dK and dV live in registers)");
@@ -92,7 +80,7 @@ struct Sm90BackwardRuntimeLogits : RuntimeLogitsTag {};
 
 template <class T, class Cfg, class Logits>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    sm90_backward_kernel(const BackwardParams bp, const mma::BackwardScratch ws, bool bulk_dq) {
+    sm90_backward_kernel(const BackwardParams bp, const mma::BackwardScratch ws) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
   constexpr float kLog2e = 1.4426950408889634f;
   using MmaS = ptx::Wgmma<T, kBlockM>;         // Sᵀ, dPᵀ (64 keys, kBlockM rows)
@@ -181,10 +169,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int dq_row_tile = wg % Cfg::kDqRowTiles, dq_col_tile = wg / Cfg::kDqRowTiles;
   // This thread's two keys (rows g and g + 8 of its warp's 16 in the warpgroup's 64).
   const int key_lo = wg_key0 + frag.row(0), key_hi = wg_key0 + frag.row(1);
-  // The dQ staging tile of this warpgroup; its first 64 threads issue a row's reduction each.
-  const uint32_t dq_stage = base + Cfg::kDqOffset + wg * Cfg::kDqStageBytes;
-  unsigned char* const dq_stage_ptr = base_ptr + Cfg::kDqOffset + wg * Cfg::kDqStageBytes;
-  const bool dq_issuer = frag.thread_in_group() < 64;
 
   for (int s = 0; s < steps; ++s) {
     // Stage (s+1) % 2 is free: its last reads (step s-1's products and row stats) ended
@@ -296,47 +280,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fence_registers(dv);
     fence_registers(dk);
 
-    if (bp.deterministic || !bulk_dq) {
-      // 8-byte reductions from the registers (step 4b.1), in key-block order behind the turn
-      // counter when deterministic.
-      int* const counter = mma::wait_for_dq_turn(bp, ws, seq, mask, b, h, m_block, kBlockM, kBlockN);
+    int* const counter = mma::wait_for_dq_turn(bp, ws, seq, mask, b, h, m_block, kBlockM,
+                                               kBlockN);  // null unless deterministic
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = row0 + dq_row_tile * 64 + frag.row(half);
-        if (row < seq.seqlen_q) {
-          float* const at = ws.dq + seq.row_offset_q(ws.dq_strides, b, row, h) +
-                            dq_col_tile * 64 + 2 * t;
-#pragma unroll
-          for (int c = 0; c < 8; ++c)
-            mma::atomic_add_pair(at + 8 * c,
-                                 make_float2(dq[4 * c + 2 * half], dq[4 * c + 2 * half + 1]));
-        }
-      }
-      mma::pass_dq_turn(bp, counter);
-    } else {
-      // Step 4b.2: the tile to shared memory, then one bulk reduction a row (256 bytes) by the
-      // copy engine, which the next step does not wait for. The staging tile is free once
-      // its issuers have seen step s-1's reductions read it.
-      if (dq_issuer) ptx::bulk_wait_group_read<0>();
-      ptx::named_barrier_sync(1 + wg, kWarpgroupThreads);
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + dq_row_tile * 64 + frag.row(half);
+      if (row < seq.seqlen_q) {
+        float* const at = ws.dq + seq.row_offset_q(ws.dq_strides, b, row, h) +
+                          dq_col_tile * 64 + 2 * t;
 #pragma unroll
         for (int c = 0; c < 8; ++c)
-          *reinterpret_cast<float2*>(dq_stage_ptr + frag.row(half) * Cfg::kDqPitchBytes +
-                                     (8 * c + 2 * t) * 4) =
-              make_float2(dq[4 * c + 2 * half], dq[4 * c + 2 * half + 1]);
-      ptx::fence_proxy_async_shared();  // the stores, visible to the copy engine ...
-      ptx::named_barrier_sync(1 + wg, kWarpgroupThreads);  // ... every row of them
-      if (dq_issuer) {
-        const int row = row0 + dq_row_tile * 64 + frag.thread_in_group();
-        if (row < seq.seqlen_q)
-          ptx::bulk_reduce_add_f32(
-              ws.dq + seq.row_offset_q(ws.dq_strides, b, row, h) + dq_col_tile * 64,
-              dq_stage + frag.thread_in_group() * Cfg::kDqPitchBytes, 64 * 4);
-        ptx::bulk_commit_group();
+          mma::atomic_add_pair(at + 8 * c, make_float2(dq[4 * c + 2 * half], dq[4 * c + 2 * half + 1]));
       }
     }
+    mma::pass_dq_turn(bp, counter);
 
     stage_row_stats(s + 1, next_lse_log2, next_d);
     ptx::cp_async_wait<0>();          // step s+1's tiles have landed for this thread,
@@ -345,10 +302,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 
   // Epilogue: dK and dV to 16-bit over K's and V's tiles (free: every wgmma that read them
-  // was waited for before the last barrier), then 16-byte rows out. The dQ reductions in
-  // flight finish before the CTA (and its shared memory) does.
+  // was waited for before the last barrier), then 16-byte rows out.
   ptx::cp_async_wait<0>();
-  if (dq_issuer) ptx::bulk_wait_group<0>();
 #pragma unroll
   for (int c = 0; c < Cfg::kHeadDim / 8; ++c)
 #pragma unroll
@@ -374,16 +329,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 }
 
-// FLASHTILE_SM90_BACKWARD_DQ=atomics takes step 4b.1's dQ adds (the journey's A/B); unset
-// or "bulk", 4b.2's.
-inline bool bulk_dq_from_environment() {
-  const char* value = std::getenv("FLASHTILE_SM90_BACKWARD_DQ");
-  if (value == nullptr || *value == '\0' || std::string(value) == "bulk") return true;
-  if (std::string(value) == "atomics") return false;
-  throw Error(ErrorKind::invalid_argument,
-              "FLASHTILE_SM90_BACKWARD_DQ must be bulk or atomics; got '" + std::string(value) + "'");
-}
-
 template <class T, class Cfg, class Logits>
 void launch_sm90_backward_main(const BackwardParams& bp, const mma::BackwardScratch& ws,
                                cudaStream_t stream) {
@@ -394,7 +339,7 @@ void launch_sm90_backward_main(const BackwardParams& bp, const mma::BackwardScra
              "cudaFuncSetAttribute(sm90_backward_kernel)");
   const dim3 grid(static_cast<unsigned>((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN),
                   static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(bp, ws, bulk_dq_from_environment());
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(bp, ws);
   check_launch("sm90_backward_kernel");
 }
 

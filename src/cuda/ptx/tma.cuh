@@ -1,8 +1,7 @@
 // Thin wrappers over the bulk tensor copy (TMA, PTX ISA "cp.async.bulk.tensor"), sm_90: a
 // tile described by a CUtensorMap (built on the host, passed as a __grid_constant__ kernel
 // parameter) is copied global -> shared by the copy engine, elements outside the tensor
-// read as zeros, and completion is reported to an mbarrier as transaction bytes. And the
-// plain bulk reduction shared -> global (cp.reduce.async.bulk) with its bulk groups.
+// read as zeros, and completion is reported to an mbarrier as transaction bytes.
 #pragma once
 
 #include <cuda.h>
@@ -20,28 +19,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
-}
-
-// Adds `bytes` (a multiple of 16) of fp32 at shared address `src` to global `dst` (both
-// 16-byte aligned) element by element, on the copy engine (cp.reduce.async.bulk, no tensor
-// map): the issuing thread's bulk group tracks it (bulk_commit_group / bulk_wait_group_read).
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-               "r"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit_group() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// Waits until at most kPending of this thread's bulk groups still read their shared source.
-template <int kPending>
-__device__ __forceinline__ void bulk_wait_group_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
-}
-// Waits until at most kPending of this thread's bulk groups are incomplete (writes done).
-template <int kPending>
-__device__ __forceinline__ void bulk_wait_group() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // Fetches the tensor map's 128 bytes into the constant cache ahead of the first copy.
