@@ -177,18 +177,6 @@ __device__ __forceinline__ void atomic_add_pair(float* to, float2 v) {
 #endif
 }
 
-// Plain logits' probability of raw score x (query row `row`, key `key`): 2^(x·scale·log2e −
-// lse·log2e), 0 where kMasked and the mask hides the key. dS is then P·(dP − D)·scale.
-template <bool kMasked>
-__device__ __forceinline__ float plain_probability(const Mask<int>& mask, float scale_log2,
-                                                   float lse_log2, int row, int key, float x) {
-  float prob = ptx::exp2_approx(fmaf(x, scale_log2, -lse_log2));
-  if constexpr (kMasked) {
-    if (!mask.visible(row, key)) prob = 0.0f;
-  }
-  return prob;
-}
-
 // One score's probability and gradient, in place: x holds the raw score q·k of query row
 // `row` and key `key` and becomes P; dp holds dP − D and becomes dS = P·(dP − D)·∂logit/∂qk.
 // lse_log2 is the row's lse·log2e (+inf for rows that see nothing); scale_log2 is
@@ -204,13 +192,13 @@ __device__ __forceinline__ void probability_and_ds(const LogitsTransform<float>&
   float prob;
   if constexpr (Logits::kPlain) {
     derivative = logits.scaled_derivative<false>(x);
-    prob = plain_probability<kMasked>(mask, scale_log2, lse_log2, row, key, x);
+    prob = ptx::exp2_approx(fmaf(x, scale_log2, -lse_log2));
   } else {
     const float logit = logit_and_derivative<Logits>(logits, x, mask, row, key, derivative);
     prob = ptx::exp2_approx(fmaf(logit, kLog2e, -lse_log2));
-    if constexpr (kMasked) {
-      if (!mask.visible(row, key)) prob = 0.0f;
-    }
+  }
+  if constexpr (kMasked) {
+    if (!mask.visible(row, key)) prob = 0.0f;
   }
   x = prob;
   dp = prob * dp * derivative;

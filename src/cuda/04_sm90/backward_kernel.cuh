@@ -1,7 +1,6 @@
 // Journey step 4b — the cuda_sm90 backward: FlashAttention-2's algorithm (the cuda_mma
 // backward's, 03_mma/backward_kernel.cuh; formulas in docs/BACKWARD.md) on Hopper's
-// warpgroup MMA, sm_90a only. Step 4b.1: wgmma with cp.async loads; 4b.3 (plain logits):
-// P while dPᵀ is computed, dS while dV is.
+// warpgroup MMA, sm_90a only. Step 4b.1: wgmma with cp.async loads.
 //
 // The pre-pass (D, the sinks' partials), the dQ post-pass and the workspace are the cuda_mma
 // backward's (03_mma/backward_passes.cuh); this is the main pass. One CTA per (key block of
@@ -188,8 +187,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const float* d_row = smem_d + stage * kBlockM;
     const LogitsTransform<float> logits = logits_transform<float>(p, b, h);
 
-    // Sᵀ = K·Qᵀ and dPᵀ − D = V·dOᵀ − D, raw scores, as two wgmma groups; the dPᵀ
-    // accumulator starts at −D of its column's row, so dS needs no D.
+    // Sᵀ = K·Qᵀ and dPᵀ − D = V·dOᵀ − D, raw scores; the dPᵀ accumulator starts at −D of
+    // its column's row, so dS needs no D. Register 4c + 2·half + e is key row(half), query
+    // row 8c + 2t + e of the block.
     float st[Cfg::kSRegs], dpt[Cfg::kSRegs];
 #pragma unroll
     for (int c = 0; c < kBlockM / 8; ++c) {
@@ -202,81 +202,44 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int ks = 0; ks < Cfg::kQKSteps; ++ks)
       MmaS::ss(st, k_major_descriptor<kBlockN>(smem_k, wg_key0, ks),
                k_major_descriptor<kBlockM>(smem_q, 0, ks), ks > 0);
-    ptx::wgmma_commit();
 #pragma unroll
     for (int ks = 0; ks < Cfg::kQKSteps; ++ks)
       MmaS::ss(dpt, k_major_descriptor<kBlockN>(smem_v, wg_key0, ks),
                k_major_descriptor<kBlockM>(smem_do, 0, ks), true);
     ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    fence_registers(st);
+    fence_registers(dpt);
 
-    // Register 4c + 2·half + e of Sᵀ/dPᵀ: key row(half), query row 8c + 2t + e. Each pass has
-    // two copies behind one uniform branch, so that the unmasked one (every step off the
-    // mask's edges) has no test per score.
-    const bool masked = partial_keys || blocks.needs_mask(m_block);
-    auto for_each_score = [&](auto&& fn) {
+    // Pᵀ and dSᵀ in place of Sᵀ and dPᵀ; two copies behind one uniform branch, so that the
+    // unmasked one (every step off the mask's edges) has no test per score.
+    auto probabilities_and_ds = [&](auto masked_tag) {
+      constexpr bool kMasked = decltype(masked_tag)::value;
 #pragma unroll
       for (int c = 0; c < kBlockM / 8; ++c) {
         const float2 lse2 = *reinterpret_cast<const float2*>(lse_row + 8 * c + 2 * t);
 #pragma unroll
         for (int half = 0; half < 2; ++half)
 #pragma unroll
-          for (int e = 0; e < 2; ++e)
-            fn(4 * c + 2 * half + e, e == 0 ? lse2.x : lse2.y, row0 + 8 * c + 2 * t + e,
-               key0 + (half == 0 ? key_lo : key_hi));
+          for (int e = 0; e < 2; ++e) {
+            const int r = 4 * c + 2 * half + e;
+            mma::probability_and_ds<Logits, kMasked>(
+                logits, mask, scale_log2, e == 0 ? lse2.x : lse2.y, row0 + 8 * c + 2 * t + e,
+                key0 + (half == 0 ? key_lo : key_hi), st[r], dpt[r]);
+          }
       }
     };
-    uint32_t pa[Cfg::kRowSteps][4], dsa[Cfg::kRowSteps][4];
-    if constexpr (Logits::kPlain) {
-      // Step 4b.3: P as soon as Sᵀ has landed, while dPᵀ is computed, and dV += Pᵀ·dO issued
-      // before dS, which then overlaps it (dS = P·(dP − D)·scale needs no logit).
-      ptx::wgmma_wait<1>();
-      fence_registers(st);
-      auto probabilities = [&](auto masked_tag) {
-        for_each_score([&](int r, float lse_log2, int row, int key) {
-          st[r] = mma::plain_probability<decltype(masked_tag)::value>(mask, scale_log2, lse_log2,
-                                                                      row, key, st[r]);
-        });
-      };
-      if (masked)
-        probabilities(std::true_type{});
-      else
-        probabilities(std::false_type{});
-#pragma unroll
-      for (int kk = 0; kk < Cfg::kRowSteps; ++kk) pack_a_operand<T>(pa[kk], st, kk);
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < Cfg::kRowSteps; ++kk)
-        MmaKV::rs(dv, pa[kk], mn_major_descriptor<kBlockM>(smem_do, kk), true);
-      ptx::wgmma_commit();
-      ptx::wgmma_wait<1>();  // dPᵀ has landed (dV may still run)
-      fence_registers(dpt);
-      const float scale = logits.scaled_derivative<false>(0.0f);
-#pragma unroll
-      for (int r = 0; r < Cfg::kSRegs; ++r) dpt[r] = st[r] * dpt[r] * scale;
-    } else {
-      // Softcap and ALiBi: P and dS together once both have landed (dS needs the logit's
-      // derivative, which P's pass computes).
-      ptx::wgmma_wait<0>();
-      fence_registers(st);
-      fence_registers(dpt);
-      auto probabilities_and_ds = [&](auto masked_tag) {
-        for_each_score([&](int r, float lse_log2, int row, int key) {
-          mma::probability_and_ds<Logits, decltype(masked_tag)::value>(
-              logits, mask, scale_log2, lse_log2, row, key, st[r], dpt[r]);
-        });
-      };
-      if (masked)
-        probabilities_and_ds(std::true_type{});
-      else
-        probabilities_and_ds(std::false_type{});
-#pragma unroll
-      for (int kk = 0; kk < Cfg::kRowSteps; ++kk) pack_a_operand<T>(pa[kk], st, kk);
-    }
+    if (partial_keys || blocks.needs_mask(m_block))
+      probabilities_and_ds(std::true_type{});
+    else
+      probabilities_and_ds(std::false_type{});
 
-    // dSᵀ as 16-bit A fragments (k-step kk = query rows 16kk..) and to shared memory for dQ
-    // (4-byte stores, one swizzled chunk a quad: conflict-free).
+    // Pᵀ and dSᵀ as 16-bit A fragments, k-step kk = query rows 16kk..; dSᵀ also to shared
+    // memory for dQ (4-byte stores, one swizzled chunk a quad: conflict-free).
+    uint32_t pa[Cfg::kRowSteps][4], dsa[Cfg::kRowSteps][4];
 #pragma unroll
     for (int kk = 0; kk < Cfg::kRowSteps; ++kk) {
+      pack_a_operand<T>(pa[kk], st, kk);
       pack_a_operand<T>(dsa[kk], dpt, kk);
       auto store = [&](int key, int chunk, uint32_t value) {
         *reinterpret_cast<uint32_t*>(base_ptr + Cfg::kDsOffset +
@@ -288,11 +251,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       store(key_hi, 2 * kk + 1, dsa[kk][3]);
     }
     ptx::wgmma_fence();
-    if constexpr (!Logits::kPlain) {
 #pragma unroll
-      for (int kk = 0; kk < Cfg::kRowSteps; ++kk)
-        MmaKV::rs(dv, pa[kk], mn_major_descriptor<kBlockM>(smem_do, kk), true);
-    }
+    for (int kk = 0; kk < Cfg::kRowSteps; ++kk)
+      MmaKV::rs(dv, pa[kk], mn_major_descriptor<kBlockM>(smem_do, kk), true);
 #pragma unroll
     for (int kk = 0; kk < Cfg::kRowSteps; ++kk)
       MmaKV::rs(dk, dsa[kk], mn_major_descriptor<kBlockM>(smem_q, kk), true);
