@@ -434,7 +434,8 @@ attention_backward.__doc__ = """The gradients of flashtile.attention, in O(N·d)
     head's query heads), or (dq, dk, dv, dsinks) when sinks are given, dsinks float32
     (heads_q): the gradient of the sink logits. ALiBi slopes get no gradient. Arrays of q's
     framework; errors as flashtile.attention (on error nothing is written). On CUDA,
-    cuda_mma has a backward (float16/bfloat16, head_dim <= 128); other CUDA calls have none
+    cuda_mma (float16/bfloat16, head_dim <= 128) and cuda_sm90 (head_dim 64 and 128, sm_90;
+    auto's pick for dense calls from 1024 keys) have a backward; other CUDA calls have none
     yet (ValueError naming each backend's reason).
     """
 

@@ -285,7 +285,8 @@ def _window(causal: bool, left: int, right: int) -> tuple[int, int]:
 
 
 def _kernel_backend(backend: str) -> str:
-    """The backward's backend: the forward's when it has a backward, else automatic."""
+    """The backward's backend: the forward's when it has a backward, else automatic (which
+    also stands for cuda_sm90, whose backward takes fewer head dims than its forward)."""
     return backend if backend in ("cpu_flash", "cpu_reference", "cuda_mma") else "auto"
 
 
@@ -294,7 +295,7 @@ def _use_kernels(ctx, q: torch.Tensor, slopes_index: int) -> bool:
     devices, dtypes and which gradients exist, never from values, so tracing sees one path."""
     if q.device.type == "cpu":
         served = q.dtype != torch.float64
-    else:  # cuda_mma's backward: 16-bit, head_dim up to 128
+    else:  # cuda_mma's backward (cuda_sm90's takes a subset): 16-bit, head_dim up to 128
         served = q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 128
     return served and not ctx.needs_input_grad[slopes_index]
 

@@ -110,21 +110,22 @@ Shape random_variant_shape(std::mt19937& rng, int64_t max_seqlen) {
   return s;
 }
 
-// Whether `backend` has a backward pass: its plan on a small dense case in some dtype
-// (cuda_mma's backward serves 16-bit only).
+// Whether `backend` has a backward pass: its plan on a small dense case in some dtype and
+// head dim (cuda_mma's backward serves 16-bit only, cuda_sm90's head dims 64 and 128).
 bool has_backward(Backend backend) {
-  for (DType dtype : {DType::f32, DType::bf16}) {
-    Shape s;
-    s.seqlen_q = s.seqlen_k = 8;
-    s.head_dim = 16;
-    s.dtype = dtype;
-    Workload work(s);
-    try {
-      plan_backward_for(work, backend);
-      return true;
-    } catch (const Error&) {
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (int64_t head_dim : {16, 64}) {
+      Shape s;
+      s.seqlen_q = s.seqlen_k = 8;
+      s.head_dim = head_dim;
+      s.dtype = dtype;
+      Workload work(s);
+      try {
+        plan_backward_for(work, backend);
+        return true;
+      } catch (const Error&) {
+      }
     }
-  }
   return false;
 }
 
