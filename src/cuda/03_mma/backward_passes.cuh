@@ -204,6 +204,31 @@ __device__ __forceinline__ void probability_and_ds(const LogitsTransform<float>&
   dp = prob * dp * derivative;
 }
 
+// This thread's row stats for the query block at row0 (threads < block_m, a row each):
+// lse·log2e and D, left as given (the callers' +inf and 0) for rows past seqlen_q and rows
+// that see nothing (lse = −inf), so that their P is 0.
+__device__ __forceinline__ void fetch_row_stats(const BackwardParams& bp, const BackwardScratch& ws,
+                                                const SeqlenInfo<int>& seq, int64_t b, int64_t h,
+                                                int row0, int block_m, float& lse_log2,
+                                                float& d_row) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int row = row0 + static_cast<int>(threadIdx.x);
+  if (threadIdx.x < block_m && row < seq.seqlen_q) {
+    const int64_t at = seq.lse_index(bp.fwd, b, h, row);
+    const float lse = bp.fwd.lse[at];
+    if (lse != -INFINITY) lse_log2 = lse * kLog2e;
+    d_row = ws.d[at];
+  }
+}
+// Stores them into stage s % 2 of the (2, block_m) shared arrays.
+__device__ __forceinline__ void stage_row_stats(float* smem_lse, float* smem_d, int block_m, int s,
+                                                float lse_log2, float d_row) {
+  if (threadIdx.x < block_m) {
+    smem_lse[(s % 2) * block_m + threadIdx.x] = lse_log2;
+    smem_d[(s % 2) * block_m + threadIdx.x] = d_row;
+  }
+}
+
 // Deterministic mode: the key blocks that visit a query block add their dQ in key-block
 // order. They are the contiguous range key_blocks() names, and lower key blocks are launched
 // first (x is the grid's fastest index), so waiting on them cannot deadlock. Every thread of

@@ -138,19 +138,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         base + Cfg::kDoOffset + stage * Cfg::kRowTileBytes,
         static_cast<const T*>(bp.dout) + seq.row_offset_q(bp.dout_strides, b, row0, h),
         bp.dout_strides.row, seq.seqlen_q - row0);
-    const int row = row0 + static_cast<int>(threadIdx.x);
-    if (threadIdx.x < kBlockM && row < seq.seqlen_q) {
-      const int64_t at = seq.lse_index(p, b, h, row);
-      const float lse = p.lse[at];
-      if (lse != -INFINITY) lse_log2 = lse * kLog2e;
-      d_row = ws.d[at];
-    }
+    mma::fetch_row_stats(bp, ws, seq, b, h, row0, kBlockM, lse_log2, d_row);
   };
   auto stage_row_stats = [&](int s, float lse_log2, float d_row) {
-    if (threadIdx.x < kBlockM) {
-      smem_lse[(s % 2) * kBlockM + threadIdx.x] = lse_log2;
-      smem_d[(s % 2) * kBlockM + threadIdx.x] = d_row;
-    }
+    mma::stage_row_stats(smem_lse, smem_d, kBlockM, s, lse_log2, d_row);
   };
   {
     float lse_log2, d_row;
