@@ -583,17 +583,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 template <class T, class Cfg, class Logits, bool kAligned>
 void launch_mma_backward_main(const BackwardParams& bp, const BackwardScratch& ws,
                               cudaStream_t stream) {
-  const AttentionParams& p = bp.fwd;
-  auto* kernel = &mma_backward_kernel<T, Cfg, Logits, kAligned>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  Cfg::kSmemBytes),
-             "cudaFuncSetAttribute(mma_backward_kernel)");
-  const dim3 grid(static_cast<unsigned>((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN),
-                  static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(bp, ws);
-  check_launch("mma_backward_kernel");
+  launch_backward_main<Cfg>(&mma_backward_kernel<T, Cfg, Logits, kAligned>, "mma_backward_kernel",
+                            bp, ws, stream);
 }
-
 
 // The whole backward for one head-dim configuration, the workspace at `workspace`.
 template <class T, class Cfg>

@@ -362,6 +362,21 @@ void run_backward_passes(const BackwardParams& bp, void* workspace, cudaStream_t
   }
 }
 
+// Launches a main kernel, kernel(bp, ws), over (key blocks of Cfg::kBlockN keys, kv heads,
+// batch entries) with Cfg::kThreads threads and Cfg::kSmemBytes of shared memory a CTA.
+template <class Cfg>
+void launch_backward_main(void (*kernel)(BackwardParams, BackwardScratch), const char* name,
+                          const BackwardParams& bp, const BackwardScratch& ws, cudaStream_t stream) {
+  const AttentionParams& p = bp.fwd;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  Cfg::kSmemBytes),
+             name);
+  const dim3 grid(static_cast<unsigned>((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN),
+                  static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(bp, ws);
+  check_launch(name);
+}
+
 // Runs fn(workspace) with `bytes` of stream-ordered scratch (the pool reuses the allocation
 // across calls), freed after the passes that read it, and when fn throws.
 template <class Fn>

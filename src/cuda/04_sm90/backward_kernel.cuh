@@ -323,15 +323,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 template <class T, class Cfg, class Logits>
 void launch_sm90_backward_main(const BackwardParams& bp, const mma::BackwardScratch& ws,
                                cudaStream_t stream) {
-  const AttentionParams& p = bp.fwd;
-  auto* kernel = &sm90_backward_kernel<T, Cfg, Logits>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  Cfg::kSmemBytes),
-             "cudaFuncSetAttribute(sm90_backward_kernel)");
-  const dim3 grid(static_cast<unsigned>((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN),
-                  static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(bp, ws);
-  check_launch("sm90_backward_kernel");
+  mma::launch_backward_main<Cfg>(&sm90_backward_kernel<T, Cfg, Logits>, "sm90_backward_kernel",
+                                 bp, ws, stream);
 }
 
 // The whole backward for one configuration (bp validated: head dim kHeadDim exactly, rows
