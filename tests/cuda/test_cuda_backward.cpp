@@ -90,6 +90,12 @@ struct DeviceBackward {
     if (dsinks.data() != nullptr) dsinks.buffer.fill_bytes(0xFF);
   }
 
+  // plan_backward of the case's dense call under o.
+  Plan plan(const Options& o) const {
+    return plan_backward(fwd.q.view, fwd.k.view, fwd.v.view, fwd.out.view, dout.view,
+                         static_cast<const float*>(lse.data()), dq.view, dk.view, dv.view, o);
+  }
+
   // Runs the backward on the device and copies the gradients into c.
   void run(BackwardCase& c, bool deterministic = false) {
     poison();
@@ -299,9 +305,7 @@ TEST(CudaMmaBackward, PlanPicksTheMeasuredFasterBackendWithLinearWorkspace) {
     DeviceBackward d(c);
     Options o = d.options(c, false);
     o.backend = Backend::automatic;
-    const Plan p = plan_backward(d.fwd.q.view, d.fwd.k.view, d.fwd.v.view, d.fwd.out.view,
-                                 d.dout.view, static_cast<const float*>(d.lse.data()), d.dq.view,
-                                 d.dk.view, d.dv.view, o);
+    const Plan p = d.plan(o);
     EXPECT_EQ(p.backend, pick.backend) << "seqlen " << pick.seqlen << " d " << pick.head_dim;
   }
   Shape s = shape_of(DType::bf16, 1, 1024, 1024, 2, 2, 64);
@@ -309,16 +313,12 @@ TEST(CudaMmaBackward, PlanPicksTheMeasuredFasterBackendWithLinearWorkspace) {
   DeviceBackward d(c);
   Options o = d.options(c, false);
   o.backend = Backend::automatic;
-  const Plan p = plan_backward(d.fwd.q.view, d.fwd.k.view, d.fwd.v.view, d.fwd.out.view,
-                               d.dout.view, static_cast<const float*>(d.lse.data()), d.dq.view,
-                               d.dk.view, d.dv.view, o);
+  const Plan p = d.plan(o);
   // D (a float per row and head) and the fp32 dQ accumulator: O(N·d), far below N×N.
   EXPECT_GE(p.workspace_bytes, 2 * 1024 * 4 + 2 * 1024 * 64 * 4);
   EXPECT_LT(p.workspace_bytes, 1024 * 1024 * 4);
   o.deterministic = true;
-  const Plan det = plan_backward(d.fwd.q.view, d.fwd.k.view, d.fwd.v.view, d.fwd.out.view,
-                                 d.dout.view, static_cast<const float*>(d.lse.data()), d.dq.view,
-                                 d.dk.view, d.dv.view, o);
+  const Plan det = d.plan(o);
   EXPECT_GT(det.workspace_bytes, p.workspace_bytes);  // + one counter per query block
 }
 

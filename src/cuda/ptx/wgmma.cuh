@@ -116,15 +116,20 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 // The bodies of Wgmma's ss and rs for one instruction shape m64n<n>k16 with fp32
 // accumulators and <dtype> ("bf16" or "f16") operands; r = n / 2 accumulators per thread.
 // The flag operand becomes the predicate that picks D = A·B + D over D = A·B.
-#define FT_WGMMA_SS(n, dtype, r, a_at, b_at, flag_at)                                        \
-  static __device__ __forceinline__ void ss(float (&d)[r], uint64_t a, uint64_t b,          \
-                                            bool accumulate) {                              \
+// FT_WGMMA_SS_FORM names the ss function `name` and its transpose flags `trans` ("0, 0":
+// both K-major; "1, 1": both MN-major).
+#define FT_WGMMA_SS_FORM(name, trans, n, dtype, r, a_at, b_at, flag_at)                      \
+  static __device__ __forceinline__ void name(float (&d)[r], uint64_t a, uint64_t b,        \
+                                              bool accumulate) {                            \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #flag_at ", 0;\n"                     \
                  "wgmma.mma_async.sync.aligned.m64n" #n "k16.f32." dtype "." dtype " "      \
-                 "{" FT_WGMMA_ACC_NAMES_##r "}, %" #a_at ", %" #b_at ", p, 1, 1, 0, 0;\n}\n" \
+                 "{" FT_WGMMA_ACC_NAMES_##r "}, %" #a_at ", %" #b_at ", p, 1, 1, " trans    \
+                 ";\n}\n"                                                                   \
                  : FT_WGMMA_ACC_##r                                                         \
                  : "l"(a), "l"(b), "r"(int(accumulate)));                                   \
   }
+#define FT_WGMMA_SS(n, dtype, r, a_at, b_at, flag_at) \
+  FT_WGMMA_SS_FORM(ss, "0, 0", n, dtype, r, a_at, b_at, flag_at)
 #define FT_WGMMA_RS(n, dtype, r, a0_at, a1_at, a2_at, a3_at, b_at, flag_at)                  \
   static __device__ __forceinline__ void rs(float (&d)[r], const uint32_t (&a)[4],          \
                                             uint64_t b, bool accumulate) {                  \
@@ -138,15 +143,8 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 
 // The same with both operands MN-major in shared memory (trans-a = trans-b = 1): A stored
 // 16 x 64 (m contiguous), B 16 x N (n contiguous), e.g. dQ = dS·K from dSᵀ and K as they lie.
-#define FT_WGMMA_SS_MN(n, dtype, r, a_at, b_at, flag_at)                                     \
-  static __device__ __forceinline__ void ss_mn_major(float (&d)[r], uint64_t a, uint64_t b, \
-                                                     bool accumulate) {                     \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #flag_at ", 0;\n"                     \
-                 "wgmma.mma_async.sync.aligned.m64n" #n "k16.f32." dtype "." dtype " "      \
-                 "{" FT_WGMMA_ACC_NAMES_##r "}, %" #a_at ", %" #b_at ", p, 1, 1, 1, 1;\n}\n" \
-                 : FT_WGMMA_ACC_##r                                                         \
-                 : "l"(a), "l"(b), "r"(int(accumulate)));                                   \
-  }
+#define FT_WGMMA_SS_MN(n, dtype, r, a_at, b_at, flag_at) \
+  FT_WGMMA_SS_FORM(ss_mn_major, "1, 1", n, dtype, r, a_at, b_at, flag_at)
 
 // D (64 x N fp32) = A·B (+ D when accumulate). T: __nv_bfloat16 or __half.
 //  ss: A (64 x 16) and B (16 x N) both from shared memory, both K-major (B stored N x 16,
@@ -238,6 +236,7 @@ struct WgmmaTf32<128> {
 #undef FT_WGMMA_RS
 #undef FT_WGMMA_SS_MN
 #undef FT_WGMMA_SS
+#undef FT_WGMMA_SS_FORM
 #undef FT_WGMMA_ACC_NAMES_128
 #undef FT_WGMMA_ACC_NAMES_64
 #undef FT_WGMMA_ACC_NAMES_32
