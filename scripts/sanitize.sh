@@ -9,8 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-address}
 scripts/install-deps.sh
-# cpu_flash's Highway translation unit, compiled once per SIMD target under the sanitizers,
-# is the longest step of CI (over 10 minutes of one core with four targets): SSE4 is left
+# cpu_flash's Highway kernels, compiled once per SIMD target under the sanitizers, are the
+# longest step of this build (362 s of one core for AVX3 + AVX2 + SCALAR in one file; now
+# three files, src/cpu/flash_hwy{,_avx2,_avx3}.cpp, that compile in parallel): SSE4 is left
 # out here (FLASHTILE_SKIP_SSE4, src/cpu/flash_targets.hpp), since AVX2 runs the same
 # 16-register tiles, AVX3 the 32-register ones and SCALAR the fallback. Line tables only
 # (-g1): enough for the reports' stacks and the suppressions, and quicker than full -g.

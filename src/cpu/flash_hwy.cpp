@@ -1,6 +1,10 @@
 // cpu_flash SIMD code, compiled once per Highway target (AVX-512, AVX2, SSE4, NEON and a
-// portable fallback) and chosen at run time from what the CPU supports.
+// portable fallback) and chosen at run time from what the CPU supports. AVX3 and AVX2 are
+// compiled in flash_hwy_avx3.cpp and flash_hwy_avx2.cpp, so that the targets compile in
+// parallel (cpu/flash_entries-inl.hpp); this file compiles the others and dispatches.
 #include "cpu/flash_targets.hpp"
+
+#define FLASHTILE_HWY_OWNS_TARGET (HWY_TARGET != HWY_AVX3 && HWY_TARGET != HWY_AVX2)
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -8,9 +12,7 @@
 #include "hwy/foreach_target.h"  // re-includes this file once per target
 // clang-format on
 
-#include "cpu/flash.hpp"
-#include "cpu/flash_kernels-inl.hpp"
-#include "hwy/highway.h"
+#include "cpu/flash_entries-inl.hpp"
 
 #if HWY_ONCE
 #include "cpu/simd_dispatch.hpp"
@@ -18,20 +20,20 @@
 
 namespace flashtile::detail::cpu_flash {
 
-HWY_EXPORT(RunQueryBlock);
-HWY_EXPORT(GetGeometry);
-HWY_EXPORT(VectorExp);
-HWY_EXPORT(VectorTanh);
-HWY_EXPORT(OnlineSoftmaxLanes);
+HWY_EXPORT(RunQueryBlockEntry);
+HWY_EXPORT(GetGeometryEntry);
+HWY_EXPORT(VectorExpEntry);
+HWY_EXPORT(VectorTanhEntry);
+HWY_EXPORT(OnlineSoftmaxLanesEntry);
 
 Geometry geometry(int64_t head_dim) {
   choose_simd_target_once();
-  return HWY_DYNAMIC_DISPATCH(GetGeometry)(head_dim);
+  return HWY_DYNAMIC_DISPATCH(GetGeometryEntry)(head_dim);
 }
 
 QueryBlockFn query_block_kernel() {
   choose_simd_target_once();
-  return HWY_DYNAMIC_DISPATCH(RunQueryBlock);
+  return HWY_DYNAMIC_DISPATCH(RunQueryBlockEntry);
 }
 
 std::vector<std::string> available_targets() {
@@ -58,18 +60,18 @@ bool force_target(const std::string& name) {
 
 void vector_exp(const float* x, float* y, size_t n) {
   choose_simd_target_once();
-  HWY_DYNAMIC_DISPATCH(VectorExp)(x, y, n);
+  HWY_DYNAMIC_DISPATCH(VectorExpEntry)(x, y, n);
 }
 
 void vector_tanh(const float* x, float* y, size_t n) {
   choose_simd_target_once();
-  HWY_DYNAMIC_DISPATCH(VectorTanh)(x, y, n);
+  HWY_DYNAMIC_DISPATCH(VectorTanhEntry)(x, y, n);
 }
 
 void online_softmax_lanes(float* scores, int64_t keys, int64_t rows, float* m, float* l,
                           float* alpha) {
   choose_simd_target_once();
-  HWY_DYNAMIC_DISPATCH(OnlineSoftmaxLanes)(scores, keys, rows, m, l, alpha);
+  HWY_DYNAMIC_DISPATCH(OnlineSoftmaxLanesEntry)(scores, keys, rows, m, l, alpha);
 }
 
 }  // namespace flashtile::detail::cpu_flash
