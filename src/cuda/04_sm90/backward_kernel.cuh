@@ -270,6 +270,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fence_registers(dq);
     fence_registers(dv);
     fence_registers(dk);
+    // Step s+1's tiles and row stats are made ready before the dQ adds are issued, so that
+    // the fence's wait for this thread's memory operations does not include the adds.
+    stage_row_stats(s + 1, next_lse_log2, next_d);
+    ptx::cp_async_wait<0>();          // step s+1's tiles have landed for this thread,
+    ptx::fence_proxy_async_shared();  // are visible to wgmma (and every thread, after the
+                                      // closing barrier)
 
     int* const counter = mma::wait_for_dq_turn(bp, ws, seq, mask, b, h, m_block, kBlockM,
                                                kBlockN);  // null unless deterministic
@@ -285,11 +291,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
     mma::pass_dq_turn(bp, counter);
-
-    stage_row_stats(s + 1, next_lse_log2, next_d);
-    ptx::cp_async_wait<0>();          // step s+1's tiles have landed for this thread,
-    ptx::fence_proxy_async_shared();  // are visible to wgmma,
-    __syncthreads();                  // and for every thread; stage s and dSᵀ are free
+    __syncthreads();  // step s+1's tiles ready for every thread; stage s and dSᵀ are free
   }
 
   // Epilogue: dK and dV to 16-bit over K's and V's tiles (free: every wgmma that read them
