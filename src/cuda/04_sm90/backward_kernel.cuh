@@ -1,6 +1,7 @@
 // Journey step 4b — the cuda_sm90 backward: FlashAttention-2's algorithm (the cuda_mma
 // backward's, 03_mma/backward_kernel.cuh; formulas in docs/BACKWARD.md) on Hopper's
-// warpgroup MMA, sm_90a only. Step 4b.1: wgmma with cp.async loads.
+// warpgroup MMA, sm_90a only. Step 4b.1: wgmma with cp.async loads (4b.5: the next step's
+// loads waited for before this step's dQ adds are issued).
 //
 // The pre-pass (D, the sinks' partials), the dQ post-pass and the workspace are the cuda_mma
 // backward's (03_mma/backward_passes.cuh); this is the main pass. One CTA per (key block of
