@@ -36,26 +36,35 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// Encodes one map; false when the driver refuses it (the caller then loads by cp.async).
-inline bool encode_bshd_map(CUtensorMap& map, DType dtype, const void* data, int64_t head_dim,
-                            int64_t rows, int64_t heads, int64_t batch, int64_t row_stride,
-                            int64_t head_stride, int64_t batch_stride, int box_rows) {
+// Encodes one 4-D map (dims innermost first, byte strides of dims 1..3) in boxes of
+// box_cols x box_rows x 1 x 1 with the 128-byte swizzle; false when the driver refuses it.
+inline bool encode_4d_map(CUtensorMap& map, CUtensorMapDataType type, int64_t element_bytes,
+                          const void* data, const int64_t (&dims)[4], const int64_t (&strides)[3],
+                          int box_cols, int box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return false;
-  constexpr int64_t kElementBytes = 2;
-  const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(rows), cuuint64_t(heads),
-                              cuuint64_t(batch)};
-  const cuuint64_t strides[3] = {cuuint64_t(row_stride * kElementBytes),
-                                 cuuint64_t(head_stride * kElementBytes),
-                                 cuuint64_t(batch_stride * kElementBytes)};
-  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+  const cuuint64_t sizes[4] = {cuuint64_t(dims[0]), cuuint64_t(dims[1]), cuuint64_t(dims[2]),
+                               cuuint64_t(dims[3])};
+  const cuuint64_t byte_strides[3] = {cuuint64_t(strides[0] * element_bytes),
+                                      cuuint64_t(strides[1] * element_bytes),
+                                      cuuint64_t(strides[2] * element_bytes)};
+  const cuuint32_t box[4] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type = dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  return encode(&map, type, 4, const_cast<void*>(data), dims, strides, box, element_strides,
+  return encode(&map, type, 4, const_cast<void*>(data), sizes, byte_strides, box, element_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// A 16-bit BSHD tensor as (head_dim, rows, heads, batch), boxes of 64 columns (one swizzle
+// block of the kernels' tiles) by box_rows.
+inline bool encode_bshd_map(CUtensorMap& map, DType dtype, const void* data, int64_t head_dim,
+                            int64_t rows, int64_t heads, int64_t batch, int64_t row_stride,
+                            int64_t head_stride, int64_t batch_stride, int box_rows) {
+  const CUtensorMapDataType type = dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return encode_4d_map(map, type, 2, data, {head_dim, rows, heads, batch},
+                       {row_stride, head_stride, batch_stride}, 64, box_rows);
 }
 
 // The maps of a dense call (Q in boxes of block_m rows, K and V of block_n); false when any
