@@ -19,6 +19,7 @@
 #include "cpu/backward_case.hpp"
 #include "support/backend_grid.hpp"
 #include "support/device_case.hpp"
+#include "support/scoped_env.hpp"
 #include "support/variants.hpp"
 
 namespace flashtile {
@@ -356,6 +357,54 @@ TEST(CudaSm90Backward, RefusesOtherHeadDimsAndFp32WritingNothing) {
   expect_refused(kSm90, DType::bf16, 256, "backward supports head_dim 64 and 128");
   expect_refused(kSm90, DType::f16, 96, "head_dim 64, 128 and 256");
   expect_refused(kSm90, DType::f32, 64, "float16 and bfloat16");
+}
+
+// cuda_sm90's two main kernels on dense calls (the grids run the default, 4b.6's warp-
+// specialised one, there, and 4b.5's cp.async one on varlen): each pinned, against the oracle
+// over partial blocks at both ends, GQA/MQA, strides and the variants, and each bitwise
+// deterministic in deterministic mode.
+TEST(CudaSm90Backward, BothMainKernelsMatchOracleAndAreDeterministic) {
+  FLASHTILE_SKIP_WITHOUT_BACKEND(kSm90);
+  for (const char* pipeline : {"cp_async", "ws"}) {
+    const testing::ScopedEnv pinned("FLASHTILE_SM90_BACKWARD_PIPELINE", pipeline);
+    int rotate = 0;
+    for (const Variant& v : variants())
+      for (auto [sq, sk] : {std::pair{1, 129}, std::pair{191, 130}, std::pair{257, 383}}) {
+        Shape s = shape_of(rotate % 2 == 0 ? DType::bf16 : DType::f16, 2, sq, sk, 4,
+                           rotate % 3 == 0 ? 1 : 2, rotate % 2 == 0 ? 64 : 128);
+        s.strided = rotate % 4 == 1;
+        ++rotate;
+        SCOPED_TRACE(pipeline);
+        expect_passes(kSm90, with_variant(s, v));
+      }
+    for (int64_t head_dim : {64, 128}) {
+      Shape s = shape_of(DType::bf16, 1, 333, 300, 4, 2, head_dim);
+      s.causal = true;
+      BackwardCase c(s);
+      DeviceBackward d(c, kSm90);
+      d.run(c, /*deterministic=*/true);
+      ASSERT_TRUE(testing::gradients_match(c)) << pipeline;
+      const std::vector<unsigned char> first = c.bytes();
+      for (int run = 1; run < 10; ++run) {
+        d.run(c, true);
+        ASSERT_EQ(c.bytes(), first) << pipeline << " d " << head_dim << " run " << run;
+      }
+    }
+  }
+}
+
+TEST(CudaSm90Backward, RefusesAnUnknownPipelineName) {
+  FLASHTILE_SKIP_WITHOUT_BACKEND(kSm90);
+  const testing::ScopedEnv pinned("FLASHTILE_SM90_BACKWARD_PIPELINE", "tma");
+  Shape s = shape_of(DType::bf16, 1, 64, 64, 2, 1, 64);
+  BackwardCase c(s);
+  DeviceBackward d(c, kSm90);
+  try {
+    d.run(c);
+    FAIL() << "an unknown pipeline name ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cp_async or ws"), std::string::npos) << e.what();
+  }
 }
 
 // ---- a gradient into the LSE (options.dlse): D' = D - g in the row-sum pre-pass ----------

@@ -204,21 +204,26 @@ __device__ __forceinline__ void probability_and_ds(const LogitsTransform<float>&
   dp = prob * dp * derivative;
 }
 
-// This thread's row stats for the query block at row0 (threads < block_m, a row each):
-// lse·log2e and D, left as given (the callers' +inf and 0) for rows past seqlen_q and rows
-// that see nothing (lse = −inf), so that their P is 0.
-__device__ __forceinline__ void fetch_row_stats(const BackwardParams& bp, const BackwardScratch& ws,
-                                                const SeqlenInfo<int>& seq, int64_t b, int64_t h,
-                                                int row0, int block_m, float& lse_log2,
-                                                float& d_row) {
+// Query row `row`'s stats: lse·log2e and D, left as given (the callers' +inf and 0) for
+// rows past seqlen_q and rows that see nothing (lse = −inf), so that their P is 0.
+__device__ __forceinline__ void row_stats(const BackwardParams& bp, const BackwardScratch& ws,
+                                          const SeqlenInfo<int>& seq, int64_t b, int64_t h, int row,
+                                          float& lse_log2, float& d_row) {
   constexpr float kLog2e = 1.4426950408889634f;
-  const int row = row0 + static_cast<int>(threadIdx.x);
-  if (threadIdx.x < block_m && row < seq.seqlen_q) {
+  if (row < seq.seqlen_q) {
     const int64_t at = seq.lse_index(bp.fwd, b, h, row);
     const float lse = bp.fwd.lse[at];
     if (lse != -INFINITY) lse_log2 = lse * kLog2e;
     d_row = ws.d[at];
   }
+}
+// This thread's row of the query block at row0 (threads < block_m, a row each).
+__device__ __forceinline__ void fetch_row_stats(const BackwardParams& bp, const BackwardScratch& ws,
+                                                const SeqlenInfo<int>& seq, int64_t b, int64_t h,
+                                                int row0, int block_m, float& lse_log2,
+                                                float& d_row) {
+  if (threadIdx.x < block_m)
+    row_stats(bp, ws, seq, b, h, row0 + static_cast<int>(threadIdx.x), lse_log2, d_row);
 }
 // Stores them into stage s % 2 of the (2, block_m) shared arrays.
 __device__ __forceinline__ void stage_row_stats(float* smem_lse, float* smem_d, int block_m, int s,
@@ -231,24 +236,34 @@ __device__ __forceinline__ void stage_row_stats(float* smem_lse, float* smem_d, 
 
 // Deterministic mode: the key blocks that visit a query block add their dQ in key-block
 // order. They are the contiguous range key_blocks() names, and lower key blocks are launched
-// first (x is the grid's fastest index), so waiting on them cannot deadlock. Every thread of
-// the CTA calls both (the counter is null when the mode is off).
+// first (x is the grid's fastest index), so waiting on them cannot deadlock. A CTA's turn at
+// query block m_block comes when its counter reaches `before`, the key blocks ahead of it.
+struct DqTurn {
+  int* counter = nullptr;
+  int before = 0;
+};
+__device__ __forceinline__ DqTurn dq_turn(const BackwardParams& bp, const BackwardScratch& ws,
+                                          const SeqlenInfo<int>& seq, const Mask<int>& mask,
+                                          int64_t b, int64_t h, int m_block, int block_m,
+                                          int block_n) {
+  const int row0 = m_block * block_m;
+  return {ws.counters + (b * bp.fwd.heads_q + h) * ws.query_blocks + m_block,
+          static_cast<int>(blockIdx.x) -
+              key_blocks(mask, row0, min(row0 + block_m, seq.seqlen_q), block_n).begin};
+}
+// Every thread of the CTA calls both (the counter is null when the mode is off).
 __device__ __forceinline__ int* wait_for_dq_turn(const BackwardParams& bp, const BackwardScratch& ws,
                                                  const SeqlenInfo<int>& seq, const Mask<int>& mask,
                                                  int64_t b, int64_t h, int m_block, int block_m,
                                                  int block_n) {
   if (!bp.deterministic) return nullptr;
-  const AttentionParams& p = bp.fwd;
-  int* counter = ws.counters + (b * p.heads_q + h) * ws.query_blocks + m_block;
-  const int row0 = m_block * block_m;
-  const int before = static_cast<int>(blockIdx.x) -
-                     key_blocks(mask, row0, min(row0 + block_m, seq.seqlen_q), block_n).begin;
+  const DqTurn turn = dq_turn(bp, ws, seq, mask, b, h, m_block, block_m, block_n);
   if (threadIdx.x == 0) {
-    while (ptx::load_acquire_gpu(counter) != before) {
+    while (ptx::load_acquire_gpu(turn.counter) != turn.before) {
     }
   }
   __syncthreads();
-  return counter;
+  return turn.counter;
 }
 __device__ __forceinline__ void pass_dq_turn(const BackwardParams& bp, int* counter) {
   if (!bp.deterministic) return;
@@ -362,18 +377,19 @@ void run_backward_passes(const BackwardParams& bp, void* workspace, cudaStream_t
   }
 }
 
-// Launches a main kernel, kernel(bp, ws), over (key blocks of Cfg::kBlockN keys, kv heads,
-// batch entries) with Cfg::kThreads threads and Cfg::kSmemBytes of shared memory a CTA.
-template <class Cfg>
-void launch_backward_main(void (*kernel)(BackwardParams, BackwardScratch), const char* name,
-                          const BackwardParams& bp, const BackwardScratch& ws, cudaStream_t stream) {
+// Launches a main kernel, kernel(bp, ws, extra...), over (key blocks of Cfg::kBlockN keys,
+// kv heads, batch entries) with Cfg::kThreads threads and Cfg::kSmemBytes of shared memory a
+// CTA.
+template <class Cfg, class Kernel, class... Extra>
+void launch_backward_main(Kernel* kernel, const char* name, const BackwardParams& bp,
+                          const BackwardScratch& ws, cudaStream_t stream, const Extra&... extra) {
   const AttentionParams& p = bp.fwd;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   Cfg::kSmemBytes),
              name);
   const dim3 grid(static_cast<unsigned>((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN),
                   static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(bp, ws);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(bp, ws, extra...);
   check_launch(name);
 }
 

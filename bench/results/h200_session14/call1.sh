@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Fourteenth session, call 1 (H200): cuda_sm90 backward 4b.6, built on the device:
+#  - 4b.6a: dPᵀ's −D registers pinned before the wgmma fence (ptxas had injected a
+#    warpgroup wait between the Sᵀ and dPᵀ GEMMs), the step's math shared by both kernels;
+#  - 4b.6b: the warp-specialised kernel (TMA producer warp, dQ warp with tensor-map adds).
+# Tests first (the new kernel's correctness), then timings interleaved: 4b.6b (default),
+# 4b.6a (FLASHTILE_SM90_BACKWARD_PIPELINE=cp_async), and the committed 4b.5 (HEAD's sources
+# from .device/base-src, built last).
+set -u
+L=$OUT/s14c1; mkdir -p $L
+export LD_LIBRARY_PATH=$PWD/.device/deps/lib/x86_64-linux-gnu
+t0=$SECONDS
+note() { echo "[$((SECONDS-t0)) s] $*" | tee -a $L/steps.txt; }
+pack() { tar czf $OUT/s14c1.tgz -C $OUT s14c1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > $L/gpu.txt 2>&1
+cmake -S . -B build-gpu -G Ninja -DCMAKE_PREFIX_PATH=$PWD/.device/deps -DCMAKE_CUDA_ARCHITECTURES=90a \
+  -DFLASHTILE_BUILD_BENCHMARKS=OFF > $L/configure.log 2>&1
+timeout 300 ninja -C build-gpu flashtile_cli flashtile_cuda_backward_tests > $L/build.log 2>&1
+note "build rc=$? $(tail -1 $L/build.log)"
+N=build-gpu; F=$N/tools/flashtile; T=$N/tests/flashtile_cuda_backward_tests
+B=/tmp/s14b1; mkdir -p $B; cp $F $B/new
+FLASHTILE_SMALL_GRID=1 timeout 100 $T --gtest_filter='CudaSm90Backward.*' > $L/tests_sm90.log 2>&1
+note "sm90 tests rc=$? $(grep -hE '^\[  (PASSED|FAILED) |FAILED  \]|OK \]' $L/tests_sm90.log | tr '\n' ' ')"
+grep -h "Failure\|Expected\|which is\|margin" $L/tests_sm90.log | head -20 >> $L/steps.txt
+pack
+SW="--sweep --pass bwd --dtype bf16 --sweep-head-dims 64,128 --sweep-seqlens 4096,16384 --sweep-causal 0,1 --repeats 10 --warmup 2 --backends cuda_sm90"
+bench() { timeout 60 env $3 $1 bench $SW > $L/bench_$2.log 2>&1; note "bench $2 rc=$? $(grep -E '^cuda_sm90 bwd' $L/bench_$2.log | awk '{printf "%s ", $5}')"; }
+bench $B/new ws_1 X=1; bench $B/new cpa_1 FLASHTILE_SM90_BACKWARD_PIPELINE=cp_async
+bench $B/new ws_2 X=1; bench $B/new cpa_2 FLASHTILE_SM90_BACKWARD_PIPELINE=cp_async
+pack
+FLASHTILE_SMALL_GRID=1 timeout 150 $T --gtest_filter='*cuda_sm90*:CudaBackward.DeterministicIsBitwiseEqualOver100Runs:CudaBackward.AtomicMode*:CudaBackward.LongSequences:CudaBackward.Lse*' > $L/tests.log 2>&1
+note "tests rc=$? $(grep -hE '^\[  (PASSED|FAILED) |FAILED  \]' $L/tests.log | tr '\n' ' ')"
+pack
+cp -r .device/base-src/src/. src/
+timeout 150 ninja -C build-gpu flashtile_cli > $L/build_base.log 2>&1
+note "base build rc=$? $(tail -1 $L/build_base.log)"; cp $F $B/base
+bench $B/base base_1 X=1; bench $B/new ws_3 X=1; bench $B/base base_2 X=1
+pack
