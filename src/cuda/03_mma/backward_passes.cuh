@@ -177,21 +177,20 @@ __device__ __forceinline__ void atomic_add_pair(float* to, float2 v) {
 #endif
 }
 
-// One score's probability and gradient, in place: x holds the raw score q·k of query row
-// `row` and key `key` and becomes P; dp holds dP − D and becomes dS = P·(dP − D)·∂logit/∂qk.
-// lse_log2 is the row's lse·log2e (+inf for rows that see nothing); scale_log2 is
-// scale·log2e (plain logits fold the scale into the exp2). kMasked: keys the mask hides get
-// P = 0 (kernels take the unmasked copy off the mask's edges).
+// One score's probability and gradient in two halves, for kernels that read P before dP has
+// landed. probability(): x holds the raw score q·k of query row `row` and key `key`; returns
+// P and leaves in x the factor dS needs, P·∂logit/∂qk (plain logits: P, their uniform scale
+// applied by ds()). lse_log2 is the row's lse·log2e (+inf for rows that see nothing);
+// scale_log2 is scale·log2e (plain logits fold the scale into the exp2). kMasked: keys the
+// mask hides get P = 0 (kernels take the unmasked copy off the mask's edges).
 template <class Logits, bool kMasked>
-__device__ __forceinline__ void probability_and_ds(const LogitsTransform<float>& logits,
-                                                   const Mask<int>& mask, float scale_log2,
-                                                   float lse_log2, int row, int key, float& x,
-                                                   float& dp) {
+__device__ __forceinline__ float probability(const LogitsTransform<float>& logits,
+                                             const Mask<int>& mask, float scale_log2,
+                                             float lse_log2, int row, int key, float& x) {
   constexpr float kLog2e = 1.4426950408889634f;
-  float derivative;
   float prob;
+  float derivative = 1.0f;
   if constexpr (Logits::kPlain) {
-    derivative = logits.scaled_derivative<false>(x);
     prob = ptx::exp2_approx(fmaf(x, scale_log2, -lse_log2));
   } else {
     const float logit = logit_and_derivative<Logits>(logits, x, mask, row, key, derivative);
@@ -200,8 +199,24 @@ __device__ __forceinline__ void probability_and_ds(const LogitsTransform<float>&
   if constexpr (kMasked) {
     if (!mask.visible(row, key)) prob = 0.0f;
   }
+  x = Logits::kPlain ? prob : prob * derivative;
+  return prob;
+}
+// dS = P·(dP − D)·∂logit/∂qk from probability()'s factor and dp = dP − D.
+template <class Logits>
+__device__ __forceinline__ float ds(const LogitsTransform<float>& logits, float factor, float dp) {
+  if constexpr (Logits::kPlain) return factor * dp * logits.scale;
+  return factor * dp;
+}
+// Both halves in place: x becomes P, dp (dP − D) becomes dS.
+template <class Logits, bool kMasked>
+__device__ __forceinline__ void probability_and_ds(const LogitsTransform<float>& logits,
+                                                   const Mask<int>& mask, float scale_log2,
+                                                   float lse_log2, int row, int key, float& x,
+                                                   float& dp) {
+  const float prob = probability<Logits, kMasked>(logits, mask, scale_log2, lse_log2, row, key, x);
+  dp = ds<Logits>(logits, x, dp);
   x = prob;
-  dp = prob * dp * derivative;
 }
 
 // Query row `row`'s stats: lse·log2e and D, left as given (the callers' +inf and 0) for

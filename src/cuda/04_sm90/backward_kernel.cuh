@@ -17,7 +17,8 @@
 // heads of its kv head's group and, per head, the query blocks query_blocks() names; per
 // (query block of kBlockM rows), in BackwardWarpgroup:
 //   Sᵀ = K·Qᵀ, dPᵀ − D = V·dOᵀ − D   wgmma ss (K-major K, V as A; Q, dO as B), M = 64 keys
-//   Pᵀ, dSᵀ                          registers (probability_and_ds, the shared per-score op)
+//   Pᵀ, dSᵀ                          registers (probability and ds, the shared per-score ops;
+//                                    Pᵀ under dPᵀ's GEMM, dSᵀ under dV's)
 //   dV += Pᵀ·dO, dK += dSᵀ·Q         wgmma rs: Pᵀ, dSᵀ packed from the accumulators as A,
 //                                    dO and Q read MN-major (the forward's P·V form)
 //   dQ (kBlockM x d) = dS·K          wgmma ss with both operands MN-major: dSᵀ as the
@@ -61,6 +62,9 @@ struct Sm90BackwardConfig {
   // (128-row steps) the rows.
   static constexpr int kDqRowTiles = kBlockM / 64;
   static constexpr int kDqColTiles = kHeadDim / 64;
+  // dSᵀ computed under dV's GEMM, whose Pᵀ operand then stays live beside Sᵀ, dPᵀ and dSᵀ:
+  // at d=64 (128-row steps, 32 more registers of Pᵀ) that spills, so there dV is waited for.
+  static constexpr bool kDsUnderDv = kHeadDim > 64;
 
   static constexpr int kKeyTileBytes = kBlockN * kHeadDim * 2;
   static constexpr int kRowTileBytes = kBlockM * kHeadDim * 2;
@@ -168,43 +172,56 @@ struct BackwardWarpgroup {
     for (int ks = 0; ks < Cfg::kQKSteps; ++ks)
       MmaS::ss(st, k_major_descriptor<kBlockN>(smem_k, wg_key0, ks),
                k_major_descriptor<kBlockM>(smem_q, 0, ks), ks > 0);
+    ptx::wgmma_commit();
 #pragma unroll
     for (int ks = 0; ks < Cfg::kQKSteps; ++ks)
       MmaS::ss(dpt, k_major_descriptor<kBlockN>(smem_v, wg_key0, ks),
                k_major_descriptor<kBlockM>(smem_do, 0, ks), true);
     ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
+    ptx::wgmma_wait<1>();  // Sᵀ has landed; dPᵀ's GEMM runs on under Pᵀ's exp2s
     fence_registers(st);
-    fence_registers(dpt);
 
-    // Pᵀ and dSᵀ in place of Sᵀ and dPᵀ; two copies behind one uniform branch, so that the
-    // unmasked one (every step off the mask's edges) has no test per score.
-    auto probabilities_and_ds = [&](auto masked_tag) {
+    // Pᵀ packed as dV's A operand, k-step by k-step; Sᵀ's registers keep what dSᵀ needs of
+    // it. Two copies behind one uniform branch, so that the unmasked one (every step off the
+    // mask's edges) has no test per score.
+    auto probabilities = [&](auto masked_tag) {
       constexpr bool kMasked = decltype(masked_tag)::value;
 #pragma unroll
-      for (int c = 0; c < kBlockM / 8; ++c) {
-        const float2 lse2 = *reinterpret_cast<const float2*>(lse_row + 8 * c + 2 * t);
+      for (int kk = 0; kk < Cfg::kRowSteps; ++kk) {
+        float prob[8];
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
+        for (int cc = 0; cc < 2; ++cc) {
+          const int c = 2 * kk + cc;
+          const float2 lse2 = *reinterpret_cast<const float2*>(lse_row + 8 * c + 2 * t);
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int r = 4 * c + 2 * half + e;
-            mma::probability_and_ds<Logits, kMasked>(
-                logits, mask, scale_log2, e == 0 ? lse2.x : lse2.y, row0 + 8 * c + 2 * t + e,
-                key0 + (half == 0 ? key_lo : key_hi), st[r], dpt[r]);
-          }
+          for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              prob[4 * cc + 2 * half + e] = mma::probability<Logits, kMasked>(
+                  logits, mask, scale_log2, e == 0 ? lse2.x : lse2.y, row0 + 8 * c + 2 * t + e,
+                  key0 + (half == 0 ? key_lo : key_hi), st[4 * c + 2 * half + e]);
+        }
+        pack_a_operand<T>(pa[kk], prob, 0);
       }
     };
     if (masked)
-      probabilities_and_ds(std::true_type{});
+      probabilities(std::true_type{});
     else
-      probabilities_and_ds(std::false_type{});
+      probabilities(std::false_type{});
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kRowSteps; ++kk)
+      MmaKV::rs(dv, pa[kk], mn_major_descriptor<kBlockM>(smem_do, kk), true);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<Cfg::kDsUnderDv ? 1 : 0>();  // dPᵀ has landed (and dV, unless it runs on)
+    fence_registers(dpt);
 
-    // dSᵀ also to shared memory for dQ (4-byte stores, one swizzled chunk a quad:
-    // conflict-free).
+    // dSᵀ, packed as dK's A operand and stored to shared memory for dQ (4-byte stores, one
+    // swizzled chunk a quad: conflict-free).
 #pragma unroll
     for (int kk = 0; kk < Cfg::kRowSteps; ++kk) {
-      pack_a_operand<T>(pa[kk], st, kk);
+#pragma unroll
+      for (int r = 8 * kk; r < 8 * kk + 8; ++r) dpt[r] = mma::ds<Logits>(logits, st[r], dpt[r]);
       pack_a_operand<T>(dsa[kk], dpt, kk);
       auto store = [&](int key, int chunk, uint32_t value) {
         *reinterpret_cast<uint32_t*>(ds_tile + swizzled_offset<kBlockN>(key, chunk) + 4 * t) =
@@ -216,9 +233,6 @@ struct BackwardWarpgroup {
       store(key_hi, 2 * kk + 1, dsa[kk][3]);
     }
     ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kRowSteps; ++kk)
-      MmaKV::rs(dv, pa[kk], mn_major_descriptor<kBlockM>(smem_do, kk), true);
 #pragma unroll
     for (int kk = 0; kk < Cfg::kRowSteps; ++kk)
       MmaKV::rs(dk, dsa[kk], mn_major_descriptor<kBlockM>(smem_q, kk), true);
@@ -586,6 +600,7 @@ __global__ void __launch_bounds__(Sm90WsBackwardConfig<Cfg>::kThreads, 1)
     ptx::fence_proxy_async_shared();  // this thread's dSᵀ stores, visible to wgmma ...
     ptx::named_barrier_sync(kDsWrittenBarrier, Ws::kConsumerThreads);  // ... both written
     wg.dq_tile(base + ds_offset, smem_k);
+    __syncwarp();  // the warp's reads of the stage's row stats, before its arrival
     if (wg.frag.lane == 0) ptx::mbarrier_arrive(empty(stage));
     if (s > 0) ptx::named_barrier_sync(kDqEmptyBarrier, kDqThreads);
     wg.stage_dq(base_ptr + Ws::kDqStageOffset + wg_index * Ws::kDqStageBytes);
