@@ -164,6 +164,20 @@ struct BackwardWarpgroup {
       dpt[4 * c] = dpt[4 * c + 2] = -dd.x;
       dpt[4 * c + 1] = dpt[4 * c + 3] = -dd.y;
     }
+    // The row's lse·log2e by chunk c: at d=128 (8 chunks) read into registers here, before
+    // the GEMMs, so that Pᵀ's first exp2s do not wait on shared memory; d=64's 16 would spill,
+    // so it reads them as it goes.
+    constexpr bool kLseAhead = kBlockM / 8 <= 8;
+    float2 lse_ahead[kLseAhead ? kBlockM / 8 : 1];
+    if constexpr (kLseAhead) {
+#pragma unroll
+      for (int c = 0; c < kBlockM / 8; ++c)
+        lse_ahead[c] = *reinterpret_cast<const float2*>(lse_row + 8 * c + 2 * t);
+    }
+    auto lse_of_chunk = [&](int c) {
+      if constexpr (kLseAhead) return lse_ahead[c];
+      return *reinterpret_cast<const float2*>(lse_row + 8 * c + 2 * t);
+    };
     // Pinned before the fence: otherwise the copies of −D into dPᵀ's duplicate registers
     // sink past it, and ptxas serialises the two GEMMs (warpgroup.wait injected, C7517).
     fence_registers(dpt);
@@ -192,7 +206,7 @@ struct BackwardWarpgroup {
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
           const int c = 2 * kk + cc;
-          const float2 lse2 = *reinterpret_cast<const float2*>(lse_row + 8 * c + 2 * t);
+          const float2 lse2 = lse_of_chunk(c);
 #pragma unroll
           for (int half = 0; half < 2; ++half)
 #pragma unroll
@@ -276,15 +290,22 @@ struct BackwardWarpgroup {
   }
 
   // 4b.6: the dQ tile into this warpgroup's staging (generic address), as the accumulator's
-  // map lays out its two boxes (8-byte stores, conflict-free in the swizzle).
+  // map lays out its two boxes (8-byte stores). The swizzle puts rows g and g ^ 1 on the same
+  // pair of chunks, so that a half-warp's stores of one column group would meet twice in each
+  // bank: odd rows store column group c ^ 2 when even rows store c.
   __device__ __forceinline__ void stage_dq(unsigned char* stage) const {
+    const bool odd_row = (frag.row(0) & 1) != 0;
 #pragma unroll
     for (int c = 0; c < 8; ++c)
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
-        *reinterpret_cast<float2*>(stage + swizzled_offset<64>(frag.row(half), 2 * c + t / 2) +
-                                   8 * (t % 2)) =
-            make_float2(dq[4 * c + 2 * half], dq[4 * c + 2 * half + 1]);
+      for (int half = 0; half < 2; ++half) {
+        const int cs = odd_row ? c ^ 2 : c;
+        const float2 value =
+            odd_row ? make_float2(dq[4 * (c ^ 2) + 2 * half], dq[4 * (c ^ 2) + 2 * half + 1])
+                    : make_float2(dq[4 * c + 2 * half], dq[4 * c + 2 * half + 1]);
+        *reinterpret_cast<float2*>(stage + swizzled_offset<64>(frag.row(half), 2 * cs + t / 2) +
+                                   8 * (t % 2)) = value;
+      }
   }
 
   // dK and dV to 16-bit over K's and V's tiles (the caller makes sure no GEMM still reads
@@ -464,7 +485,8 @@ inline constexpr int kEpilogueBarrier = 4;   // both consumers, around dK and dV
 //   kv        : the producer's expect_tx (1 arrival) and K's and V's TMA bytes;
 //   full[i]   : the producer warp's 32 lanes, once their row stats are stored, and the TMA
 //               bytes of Q and dO (announced by lane 0 before it issues them);
-//   empty[i]  : each consumer warp, once its GEMMs of the step have read stage i.
+//   empty[i]  : every consumer thread, once its GEMMs of the step have read stage i's tiles
+//               (and it has read the row stats, generic loads that each thread releases).
 // Steps use the stages as RingSlot<2> counts them (tile_schedule.hpp).
 template <class T, class Cfg, class Logits>
 __global__ void __launch_bounds__(Sm90WsBackwardConfig<Cfg>::kThreads, 1)
@@ -499,7 +521,7 @@ __global__ void __launch_bounds__(Sm90WsBackwardConfig<Cfg>::kThreads, 1)
     ptx::mbarrier_init(kv_full, 1);
     for (int stage = 0; stage < 2; ++stage) {
       ptx::mbarrier_init(full(stage), 32);
-      ptx::mbarrier_init(empty(stage), Ws::kConsumerThreads / 32);
+      ptx::mbarrier_init(empty(stage), Ws::kConsumerThreads);
     }
     ptx::mbarrier_init_fence();
   }
@@ -600,8 +622,7 @@ __global__ void __launch_bounds__(Sm90WsBackwardConfig<Cfg>::kThreads, 1)
     ptx::fence_proxy_async_shared();  // this thread's dSᵀ stores, visible to wgmma ...
     ptx::named_barrier_sync(kDsWrittenBarrier, Ws::kConsumerThreads);  // ... both written
     wg.dq_tile(base + ds_offset, smem_k);
-    __syncwarp();  // the warp's reads of the stage's row stats, before its arrival
-    if (wg.frag.lane == 0) ptx::mbarrier_arrive(empty(stage));
+    ptx::mbarrier_arrive(empty(stage));  // each thread: its reads of the row stats, released
     if (s > 0) ptx::named_barrier_sync(kDqEmptyBarrier, kDqThreads);
     wg.stage_dq(base_ptr + Ws::kDqStageOffset + wg_index * Ws::kDqStageBytes);
     ptx::fence_proxy_async_shared();  // visible to the copy engine
