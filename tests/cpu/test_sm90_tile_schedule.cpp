@@ -173,6 +173,39 @@ TEST(Sm90TileSchedule, GroupedGridOrderCoversEveryItemHeaviestFirstPerGroup) {
           }
 }
 
+// The backward's key-major grid (sm90_ws_backward_kernel's backward_grid_item) takes the
+// same order with each block index reversed: its key blocks then run heaviest first (the
+// most query blocks) in each group wherever the forward's query blocks do.
+TEST(Sm90TileSchedule, ReversedBlocksListKeyBlocksHeaviestFirst) {
+  auto key_block_weight = [](const MaskCase& mask, int sq, int sk, int n_block) {
+    const Mask<int> m(mask.left, mask.right, sq, sk);
+    const int key0 = n_block * kBlockN;
+    return query_blocks(m, key0, std::min(key0 + kBlockN, sk), kBlockM).count();
+  };
+  for (const MaskCase& mask : kMasks) {
+    const bool sorted = mask.right == 0 || (mask.left >= 0 && mask.right < 0) ||
+                        (mask.left < 0 && mask.right < 0);
+    if (!sorted) continue;
+    for (int sq : {129, 1100, 4096})
+      for (int group : {1, 4}) {
+        SCOPED_TRACE(std::string(mask.name) + " sq " + std::to_string(sq) + " group " +
+                     std::to_string(group));
+        const int heads = 8, n_blocks = (sq + kBlockN - 1) / kBlockN;
+        auto key_block = [&](int index) {
+          return n_blocks - 1 - grouped_heaviest_first_item(index, heads, heads, n_blocks, group,
+                                                            mask.left, mask.right)
+                                    .m_block;
+        };
+        for (int index = 1; index < heads * n_blocks; ++index) {
+          if (index % (std::min(group, heads) * n_blocks) == 0) continue;  // a group's first
+          ASSERT_LE(key_block_weight(mask, sq, sq, key_block(index)),
+                    key_block_weight(mask, sq, sq, key_block(index - 1)))
+              << "index " << index;
+        }
+      }
+  }
+}
+
 TEST(Sm90TileSchedule, HeadsPerLaunchGroupCoverOneWave) {
   EXPECT_EQ(heads_per_launch_group(132, 32), 4);   // causal 4k, 128-row blocks
   EXPECT_EQ(heads_per_launch_group(132, 64), 2);   // 8k

@@ -475,6 +475,24 @@ struct BackwardMaps {
   CUtensorMap q, k, v, dout, dq;
 };
 
+// The (batch entry, kv head, key block) of a 4b.6 CTA: the grid's (z, y, x), or under a mask
+// the forward's grouped heaviest-first order (JOURNEY 4.9), so that the causal grid does not
+// end on its last heads' heaviest blocks. Key blocks weigh in the reverse order of query
+// blocks: wherever the last rows see the most keys, the first keys are seen by the most rows
+// (causal). Deterministic calls keep the grid's order: a key block waits for the lower ones'
+// dQ adds, which must have started before it.
+__device__ __forceinline__ WorkItem backward_grid_item(const AttentionParams& p,
+                                                       int heads_per_group) {
+  const int x = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
+  const int y = static_cast<int>(blockIdx.y), heads = static_cast<int>(gridDim.y);
+  if (heads_per_group <= 1) return WorkItem{static_cast<int>(blockIdx.z), y, x};
+  WorkItem w = grouped_heaviest_first_item(x + blocks * (y + heads * static_cast<int>(blockIdx.z)),
+                                           heads, heads * static_cast<int>(gridDim.z), blocks,
+                                           heads_per_group, p.window_left, p.window_right);
+  w.m_block = blocks - 1 - w.m_block;
+  return w;
+}
+
 // Named barriers of the warp-specialised kernel (0 is __syncthreads).
 inline constexpr int kDsWrittenBarrier = 1;  // both consumers: dSᵀ of the step is whole
 inline constexpr int kDqFullBarrier = 2;     // consumers arrive, the dQ warp waits: staged
@@ -491,7 +509,7 @@ inline constexpr int kEpilogueBarrier = 4;   // both consumers, around dK and dV
 template <class T, class Cfg, class Logits>
 __global__ void __launch_bounds__(Sm90WsBackwardConfig<Cfg>::kThreads, 1)
     sm90_ws_backward_kernel(const BackwardParams bp, const mma::BackwardScratch ws,
-                            const __grid_constant__ BackwardMaps maps) {
+                            const __grid_constant__ BackwardMaps maps, int heads_per_group) {
   using Ws = Sm90WsBackwardConfig<Cfg>;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -509,9 +527,11 @@ __global__ void __launch_bounds__(Sm90WsBackwardConfig<Cfg>::kThreads, 1)
   auto full = [&](int stage) { return kv_full + 8 * (1 + stage); };
   auto empty = [&](int stage) { return kv_full + 8 * (3 + stage); };
 
-  const int64_t hk = blockIdx.y, b = blockIdx.z;
+  const WorkItem item = backward_grid_item(p, heads_per_group);
+  const int64_t hk = item.head, b = item.batch;
+  const int n_block = item.m_block;
   const SeqlenInfo<int> seq(p, b);
-  const int key0 = static_cast<int>(blockIdx.x) * kBlockN;
+  const int key0 = n_block * kBlockN;
   const Mask<int> mask = seq.mask(p);
   const int key_end = min(key0 + kBlockN, seq.seqlen_k);
   const BackwardSteps steps(query_blocks(mask, key0, key_end, kBlockM),
@@ -566,7 +586,7 @@ __global__ void __launch_bounds__(Sm90WsBackwardConfig<Cfg>::kThreads, 1)
           const int m_block = steps.block(s);
           mma::DqTurn turn{};
           if (bp.deterministic) {
-            turn = mma::dq_turn(bp, ws, seq, mask, b, h, m_block, kBlockM, kBlockN);
+            turn = mma::dq_turn(bp, ws, seq, mask, b, h, m_block, n_block, kBlockM, kBlockN);
             while (ptx::load_acquire_gpu(turn.counter) != turn.before) {
             }
             ptx::fence_proxy_async_global();  // the earlier blocks' adds, before ours
@@ -666,11 +686,16 @@ template <class T, class Cfg, class Logits>
 void launch_sm90_backward_main(const BackwardParams& bp, const mma::BackwardScratch& ws,
                                bool pinned_cp_async, cudaStream_t stream) {
   BackwardMaps maps;
-  if (!pinned_cp_async && encode_backward_maps<Cfg>(bp, ws, maps))
-    mma::launch_backward_main<Sm90WsBackwardConfig<Cfg>>(&sm90_ws_backward_kernel<T, Cfg, Logits>,
-                                                         "sm90_ws_backward_kernel", bp, ws, stream,
-                                                         maps);
-  else
+  if (!pinned_cp_async && encode_backward_maps<Cfg>(bp, ws, maps)) {
+    using Ws = Sm90WsBackwardConfig<Cfg>;
+    auto* const kernel = &sm90_ws_backward_kernel<T, Cfg, Logits>;
+    set_smem_limit(kernel, Ws::kSmemBytes, bp.fwd.device_index);  // before the occupancy query
+    const int heads_per_group =
+        ws_heads_per_group(bp.fwd, !bp.deterministic, kernel, Ws::kThreads, Ws::kSmemBytes,
+                           mma::backward_grid<Ws>(bp.fwd));
+    mma::launch_backward_main<Ws>(kernel, "sm90_ws_backward_kernel", bp, ws, stream, maps,
+                                  heads_per_group);
+  } else
     mma::launch_backward_main<Cfg>(&sm90_backward_kernel<T, Cfg, Logits>, "sm90_backward_kernel",
                                    bp, ws, stream);
 }
