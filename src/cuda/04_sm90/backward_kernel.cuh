@@ -8,7 +8,8 @@
 //    down) beside the two consumers: its warp 0 loads Q, dO (TMA) and the row stats into a
 //    two-stage ring of mbarriers, its warp 1 adds the consumers' staged dQ tiles to the fp32
 //    accumulator by the copy engine (tensor-map reductions). The consumers meet once a step,
-//    when both have written dSᵀ; dense calls.
+//    when both have written dSᵀ; dense calls, under a mask in the grouped heaviest-first
+//    order of the grid (backward_grid_item).
 //
 // The pre-pass (D, the sinks' partials), the dQ post-pass and the workspace are the cuda_mma
 // backward's (03_mma/backward_passes.cuh). One CTA per (key block of kBlockN = 128 keys, kv
@@ -18,7 +19,7 @@
 // (query block of kBlockM rows), in BackwardWarpgroup:
 //   Sᵀ = K·Qᵀ, dPᵀ − D = V·dOᵀ − D   wgmma ss (K-major K, V as A; Q, dO as B), M = 64 keys
 //   Pᵀ, dSᵀ                          registers (probability and ds, the shared per-score ops;
-//                                    Pᵀ under dPᵀ's GEMM, dSᵀ under dV's)
+//                                    Pᵀ under dPᵀ's GEMM, dSᵀ under dV's at d=128)
 //   dV += Pᵀ·dO, dK += dSᵀ·Q         wgmma rs: Pᵀ, dSᵀ packed from the accumulators as A,
 //                                    dO and Q read MN-major (the forward's P·V form)
 //   dQ (kBlockM x d) = dS·K          wgmma ss with both operands MN-major: dSᵀ as the
