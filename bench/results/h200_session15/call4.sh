@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# NOT RUN: no device machine could be started for it; call5.sh ran the same change with
+# binaries built on the development machine.
 # Fifteenth session, call 4 (H200): the backward pre-pass with 16-byte loads where O's and
 # dO's rows allow them, and the dQ accumulator zeroed there instead of by a memset (both
 # backends' passes). The backward suite, the A/B against 4b.8 (HEAD), then memcheck.
