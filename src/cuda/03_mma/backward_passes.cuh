@@ -256,7 +256,17 @@ __device__ __forceinline__ void stage_row_stats(float* smem_lse, float* smem_d, 
 struct DqTurn {
   int* counter = nullptr;
   int before = 0;
+  // One thread: spins until the key blocks ahead have passed.
+  __device__ __forceinline__ void wait() const {
+    while (ptx::load_acquire_gpu(counter) != before) {
+    }
+  }
 };
+// One thread, once the caller's adds are performed: the next key block's turn.
+__device__ __forceinline__ void pass_turn(int* counter) {
+  __threadfence();  // the adds are visible before the next key block may start its own
+  atomicAdd(counter, 1);
+}
 // n_block: the caller's key block (key blocks take their turns in this order).
 __device__ __forceinline__ DqTurn dq_turn(const BackwardParams& bp, const BackwardScratch& ws,
                                           const SeqlenInfo<int>& seq, const Mask<int>& mask,
@@ -274,20 +284,14 @@ __device__ __forceinline__ int* wait_for_dq_turn(const BackwardParams& bp, const
   if (!bp.deterministic) return nullptr;
   const DqTurn turn =
       dq_turn(bp, ws, seq, mask, b, h, m_block, static_cast<int>(blockIdx.x), block_m, block_n);
-  if (threadIdx.x == 0) {
-    while (ptx::load_acquire_gpu(turn.counter) != turn.before) {
-    }
-  }
+  if (threadIdx.x == 0) turn.wait();
   __syncthreads();
   return turn.counter;
 }
 __device__ __forceinline__ void pass_dq_turn(const BackwardParams& bp, int* counter) {
   if (!bp.deterministic) return;
-  __syncthreads();  // every thread's adds are issued ...
-  if (threadIdx.x == 0) {
-    __threadfence();  // ... and visible before the next key block may start its own
-    atomicAdd(counter, 1);
-  }
+  __syncthreads();  // every thread's adds are issued
+  if (threadIdx.x == 0) pass_turn(counter);
 }
 
 // ---- pass 3: dQ to q's dtype --------------------------------------------------------------
@@ -407,9 +411,7 @@ template <class Cfg, class Kernel, class... Extra>
 void launch_backward_main(Kernel* kernel, const char* name, const BackwardParams& bp,
                           const BackwardScratch& ws, cudaStream_t stream, const Extra&... extra) {
   const AttentionParams& p = bp.fwd;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  Cfg::kSmemBytes),
-             name);
+  raise_smem_limit_once(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, p.device_index);
   const dim3 grid = backward_grid<Cfg>(p);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(bp, ws, extra...);
   check_launch(name);

@@ -406,8 +406,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         base + Cfg::kDoOffset + stage * Cfg::kRowTileBytes,
         static_cast<const T*>(bp.dout) + seq.row_offset_q(bp.dout_strides, b, row0, h),
         bp.dout_strides.row, seq.seqlen_q - row0);
-    if (threadIdx.x < kBlockM)
-      mma::row_stats(bp, ws, seq, b, h, row0 + static_cast<int>(threadIdx.x), lse_log2, d_row);
+    mma::fetch_row_stats(bp, ws, seq, b, h, row0, kBlockM, lse_log2, d_row);
   };
   auto stage_row_stats = [&](int s, float lse_log2, float d_row) {
     mma::stage_row_stats(smem_lse, smem_d, kBlockM, s, lse_log2, d_row);
@@ -588,8 +587,7 @@ __global__ void __launch_bounds__(Sm90WsBackwardConfig<Cfg>::kThreads, 1)
           mma::DqTurn turn{};
           if (bp.deterministic) {
             turn = mma::dq_turn(bp, ws, seq, mask, b, h, m_block, n_block, kBlockM, kBlockN);
-            while (ptx::load_acquire_gpu(turn.counter) != turn.before) {
-            }
+            turn.wait();
             ptx::fence_proxy_async_global();  // the earlier blocks' adds, before ours
           }
 #pragma unroll
@@ -606,8 +604,7 @@ __global__ void __launch_bounds__(Sm90WsBackwardConfig<Cfg>::kThreads, 1)
           if (bp.deterministic) {  // the adds are performed before the next key block's turn
             ptx::bulk_wait_group<0>();
             ptx::fence_proxy_async_global();
-            __threadfence();
-            atomicAdd(turn.counter, 1);
+            mma::pass_turn(turn.counter);
           } else {
             ptx::bulk_wait_group_read<0>();  // the staging may be written again
           }
