@@ -507,7 +507,11 @@ struct ConsumerWarpgroup {
     }
   }
 
+  // alpha is exactly 1 for a row whose max did not grow (exp(0)), which after the first
+  // tiles is most of them: when no row of the warp moved, the d/2 multiplies are skipped
+  // (exact; a NaN alpha is not 1 and still reaches O). Warp-uniform, so no divergence.
   __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {
+    if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
 #pragma unroll
     for (int half = 0; half < 2; ++half)
 #pragma unroll
