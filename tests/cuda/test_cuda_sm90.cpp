@@ -118,8 +118,7 @@ TEST(Sm90Pieces, PVProductMatchesHost) {
 // "tma_persistent" (step 4.6; unpinned, d=256 full calls from 4k), "tma_ping_pong" (step 4.5),
 // "tma_ws_overlap" (4.4), "tma_ws" (4.3, what most d=64 dense calls take unpinned:
 // launch_sm90_forward in kernel.cuh), "tma" (4.2) or "cp_async" (4.1, what varlen calls
-// take), a 192-row one of step 4.7 (d=64 only) or a wide-key one of step 4.12 (d=128 only,
-// 176-key tiles: what d=128 full calls take). A TMA pipeline fails a call whose maps
+// take), or a 192-row one of step 4.7 (d=64 only). A TMA pipeline fails a call whose maps
 // cannot be encoded, so a passing test ran on the pipeline it names. The scope restores what was set before it, so a run pinned
 // from outside (FLASHTILE_SM90_PIPELINE=tma_persistent flashtile_cuda_sm90_tests) stays
 // pinned in the tests that do not pin.
@@ -132,9 +131,6 @@ constexpr const char* kPipelines[] = {"tma_persistent", "tma_ping_pong", "tma_ws
 // refuse them when pinned (CudaSm90BlockM192.RefusesOtherHeadDimsAndVarlen).
 constexpr const char* kBlockM192Pipelines[] = {"tma_ws_m192", "tma_ws_overlap_m192",
                                                "tma_ping_pong_m192"};
-// Step 4.12: 176-key tiles on 4.4's and 4.5's consumers, d=128 only; other head dims refuse
-// them when pinned (CudaSm90WideKeys.RefusesOtherHeadDimsAndVarlen).
-constexpr const char* kWideKeysPipelines[] = {"tma_ws_overlap_wide_keys", "tma_ping_pong_wide_keys"};
 // Every pipeline pinned with the head dims it serves.
 struct PinnedPipeline {
   const char* name;
@@ -144,7 +140,6 @@ std::vector<PinnedPipeline> every_pipeline() {
   std::vector<PinnedPipeline> all;
   for (const char* name : kPipelines) all.push_back({name, {64, 128, 256}});
   for (const char* name : kBlockM192Pipelines) all.push_back({name, {64}});
-  for (const char* name : kWideKeysPipelines) all.push_back({name, {128}});
   return all;
 }
 
@@ -175,17 +170,16 @@ TEST_P(CudaSm90Grid, EveryPipelineMatchesOracle) {
 }
 
 // Split-KV (step 4.10) pinned by FLASHTILE_SM90_SPLITS: never, 3 (uneven shares), 16 (many
-// empty ones), on the pipelines that split (4.3-4.5, 4.7's 192-row ones, 4.12's wide-key ones) and unpinned,
+// empty ones), on the pipelines that split (4.3-4.5 and 4.7's 192-row ones) and unpinned,
 // where d=256 full from 4k (4.6, persistent) takes 4.4 once split; a pinned pipeline that
 // does not split (4.1, 4.2, 4.6) runs the call whole.
 TEST_P(CudaSm90Grid, SplitKvMatchesOracle) {
   SKIP_WITHOUT_SM90_DEVICE();
-  // "": unpinned; then those that split (4.3-4.5, 4.7, 4.12) and one that does not (4.2).
+  // "": unpinned; then those that split (4.3-4.5, 4.7) and one that does not (4.2).
   const std::vector<PinnedPipeline> pipelines = {
       {"", {64, 128, 256}},      {"tma_ws", {128}},           {"tma_ws_overlap", {256}},
       {"tma_ping_pong", {64}},   {"tma_ws_m192", {64}},       {"tma_ws_overlap_m192", {64}},
-      {"tma_ping_pong_m192", {64}}, {"tma_ws_overlap_wide_keys", {128}},
-      {"tma_ping_pong_wide_keys", {128}}, {"tma", {128}}};
+      {"tma_ping_pong_m192", {64}}, {"tma", {128}}};
   for (const char* splits : {"1", "3", "16"})
     for (const PinnedPipeline& pipeline : pipelines) {
       // Unsplit, a pinned pipeline is what EveryPipelineMatchesOracle runs.
@@ -326,13 +320,13 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaSm90Grid, ::testing::Values(DType::bf16, DT
 
 TEST(CudaSm90, ScaleOfAnySign) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (const PinnedPipeline& pipeline : every_pipeline()) {  // its first head dim (64 or 128)
+  for (const PinnedPipeline& pipeline : every_pipeline()) {  // d=64: every pipeline serves it
     SCOPED_TRACE(pipeline.name);
     const ScopedPipeline pinned(pipeline.name);
     for (float scale : {-0.37f, 0.0f, 1.5f})
       for (bool causal : {false, true})
         for (bool transformed : {false, true}) {
-          Shape s = shape_of(DType::f16, 1, 100, 150, 2, 1, pipeline.head_dims.front());
+          Shape s = shape_of(DType::f16, 1, 100, 150, 2, 1, 64);
           s.causal = causal;
           if (transformed) s.softcap = 4.0f, s.alibi = true;  // the scale inside the transform
           expect_matches_oracle(s, scale);
@@ -392,11 +386,11 @@ TEST(CudaSm90, GroupedMaskedGridComputesEveryBlock) {
 }
 
 // Bitwise the same over 100 runs, with a window and sinks on, on each pipeline (the
-// 192-row ones at d=64 and the wide-key ones at d=128, the only head dims they serve).
+// 192-row ones at d=64, the only head dim they serve).
 TEST(CudaSm90, DeterministicOver100Runs) {
   SKIP_WITHOUT_SM90_DEVICE();
   for (const PinnedPipeline& pipeline : every_pipeline())
-    for (int64_t head_dim : pipeline.head_dims.size() == 1 ? pipeline.head_dims
+    for (int64_t head_dim : pipeline.head_dims.size() == 1 ? std::vector<int64_t>{64}
                                                            : std::vector<int64_t>{128, 256}) {
       SCOPED_TRACE(std::string(pipeline.name) + ", d=" + std::to_string(head_dim));
       const ScopedPipeline pinned(pipeline.name);
@@ -461,97 +455,37 @@ TEST(CudaSm90BlockM192, VariantsMatchOracle) {
   }
 }
 
-// Pinned, a pipeline of one head dim's other configuration (`served`) refuses the head dims
-// that have none and varlen batches of its own head dim (no TMA maps), by name, with out
-// untouched.
-void expect_other_config_refusals(const char* pipeline, int64_t served) {
-  SCOPED_TRACE(pipeline);
-  const ScopedPipeline pinned(pipeline);
-  for (int64_t d : {int64_t{64}, int64_t{128}, int64_t{256}}) {
-    Shape s = shape_of(DType::bf16, 1, 200, 200, 2, 2, d);
-    if (d == served) {  // a packed batch of two sequences
-      s.seqlen_q = s.seqlen_k = 0;
-      s.varlen_q = {100, 300};
-      s.varlen_k = {100, 300};
-    }
-    const std::string message = d == served ? "TMA maps of this call cannot be encoded"
-                                            : "serve head_dim " + std::to_string(served) +
-                                                  "; got head_dim " + std::to_string(d);
-    AttentionCase c(s);
-    DeviceCase dev(c);
-    dev.out.buffer.fill_bytes(0xFF);
-    try {
-      dev.run(c, kSm90);
-      ADD_FAILURE() << "a pinned pipeline of another configuration ran " << s.describe();
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::unsupported) << e.what();
-      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
-    }
-    std::vector<unsigned char> bytes(dev.out.buffer.bytes());
-    dev.out.buffer.copy_to_host(bytes.data(), bytes.size());
-    for (unsigned char byte : bytes) ASSERT_EQ(byte, 0xFF) << "out was written on error";
-  }
-}
-
+// Pinned, the 192-row pipelines refuse the head dims that have no 192-row configuration
+// (128, 256) and varlen batches (no TMA maps), by name, with out untouched.
 TEST(CudaSm90BlockM192, RefusesOtherHeadDimsAndVarlen) {
   SKIP_WITHOUT_SM90_DEVICE();
-  for (const char* pipeline : kBlockM192Pipelines) expect_other_config_refusals(pipeline, 64);
-}
-
-// ---- step 4.12: 176-key tiles (d=128) -------------------------------------------------------
-
-// Key lengths around the 176-key tile (one key, a tile less or more by one, two tiles and
-// one, a partial last tile) and query lengths around the 128-row block, sq != sk both ways
-// under the causal mask (the diagonal crosses the tiles at many offsets), MHA, GQA and MQA,
-// strided views, both dtypes, on each wide-key pipeline.
-TEST(CudaSm90WideKeys, LengthsAroundTheTilesMatchOracle) {
-  SKIP_WITHOUT_SM90_DEVICE();
-  struct Heads {
-    int64_t q, kv;
-  };
-  const Heads heads[] = {{2, 2}, {4, 2}, {3, 1}};
-  for (const char* pipeline : kWideKeysPipelines) {
+  for (const char* pipeline : kBlockM192Pipelines) {
     SCOPED_TRACE(pipeline);
     const ScopedPipeline pinned(pipeline);
-    int variant = 0;
-    for (int64_t sq : {1, 127, 128, 129, 300})
-      for (int64_t sk : {1, 175, 176, 177, 353, 1000}) {
-        const Heads& h = heads[variant % 3];
-        Shape s = shape_of(variant % 2 ? DType::f16 : DType::bf16, 1 + variant % 2, sq, sk, h.q,
-                           h.kv, 128);
-        s.causal = variant % 4 < 2;
-        s.strided = variant % 5 == 1;
-        ++variant;
-        expect_matches_oracle(s);
+    for (int64_t d : {128, 256, 64}) {
+      Shape s = shape_of(DType::bf16, 1, 200, 200, 2, 2, d);
+      if (d == 64) {  // a packed batch of two sequences
+        s.seqlen_q = s.seqlen_k = 0;
+        s.varlen_q = {100, 300};
+        s.varlen_k = {100, 300};
       }
-  }
-}
-
-// The variants through the wide-key kernels: windows (both sides, the diagonal only), sinks
-// with causal rows above a short K (rows with no key), softcap and ALiBi (the transformed
-// kernel), everything at once.
-TEST(CudaSm90WideKeys, VariantsMatchOracle) {
-  SKIP_WITHOUT_SM90_DEVICE();
-  for (const char* pipeline : kWideKeysPipelines) {
-    SCOPED_TRACE(pipeline);
-    const ScopedPipeline pinned(pipeline);
-    for (int v = 0; v < 5; ++v) {
-      Shape s = shape_of(v % 2 ? DType::f16 : DType::bf16, 2, 400, v == 1 ? 150 : 530, 4, 2, 128);
-      switch (v) {
-        case 0: s.window = {33, 9}, s.sinks = true; break;
-        case 1: s.causal = true, s.sinks = true; break;  // sq > sk: the first rows see no key
-        case 2: s.window = {0, 0}; break;
-        case 3: s.causal = true, s.softcap = 30.0f, s.alibi = true, s.alibi_per_batch = true; break;
-        case 4: s.window = {200, 0}, s.softcap = 12.0f, s.alibi = true, s.sinks = true, s.strided = true; break;
+      const std::string message = d == 64 ? "TMA maps of this call cannot be encoded"
+                                          : "serve head_dim 64; got head_dim " + std::to_string(d);
+      AttentionCase c(s);
+      DeviceCase dev(c);
+      dev.out.buffer.fill_bytes(0xFF);
+      try {
+        dev.run(c, kSm90);
+        ADD_FAILURE() << "a pinned 192-row pipeline ran " << s.describe();
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::unsupported) << e.what();
+        EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
       }
-      expect_matches_oracle(s);
+      std::vector<unsigned char> bytes(dev.out.buffer.bytes());
+      dev.out.buffer.copy_to_host(bytes.data(), bytes.size());
+      for (unsigned char byte : bytes) ASSERT_EQ(byte, 0xFF) << "out was written on error";
     }
   }
-}
-
-TEST(CudaSm90WideKeys, RefusesOtherHeadDimsAndVarlen) {
-  SKIP_WITHOUT_SM90_DEVICE();
-  for (const char* pipeline : kWideKeysPipelines) expect_other_config_refusals(pipeline, 128);
 }
 
 // ---- step 4.6: persistent CTAs, several work items each ---------------------------------

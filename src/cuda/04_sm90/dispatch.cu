@@ -28,9 +28,8 @@ void run_for_dtype(const AttentionParams& p, cudaStream_t stream, std::optional<
 }
 
 // FLASHTILE_SM90_PIPELINE=cp_async|tma|tma_ws|tma_ws_overlap|tma_ping_pong|tma_persistent|
-// tma_ws_m192|tma_ws_overlap_m192|tma_ping_pong_m192|tma_ws_overlap_wide_keys|
-// tma_ping_pong_wide_keys pins the pipeline (step 4.1 .. 4.7, 4.12; the 192-row ones serve
-// d=64 alone, the wide-key ones d=128) for
+// tma_ws_m192|tma_ws_overlap_m192|tma_ping_pong_m192 pins the pipeline (step 4.1 .. 4.7;
+// the 192-row ones serve d=64 alone) for
 // the journey's side-by-side measurements and the tests of each step; unset, the newest
 // one that serves the call runs.
 std::optional<Pipeline> pipeline_from_environment() {
@@ -46,12 +45,10 @@ std::optional<Pipeline> pipeline_from_environment() {
   if (name == "tma_ws_m192") return Pipeline::tma_ws_m192;
   if (name == "tma_ws_overlap_m192") return Pipeline::tma_ws_overlap_m192;
   if (name == "tma_ping_pong_m192") return Pipeline::tma_ping_pong_m192;
-  if (name == "tma_ws_overlap_wide_keys") return Pipeline::tma_ws_overlap_wide_keys;
-  if (name == "tma_ping_pong_wide_keys") return Pipeline::tma_ping_pong_wide_keys;
   throw Error(ErrorKind::invalid_argument,
               "FLASHTILE_SM90_PIPELINE must be cp_async, tma, tma_ws, tma_ws_overlap, tma_ping_pong, "
-              "tma_persistent, tma_ws_m192, tma_ws_overlap_m192, tma_ping_pong_m192, "
-              "tma_ws_overlap_wide_keys or tma_ping_pong_wide_keys; got '" + name + "'");
+              "tma_persistent, tma_ws_m192, tma_ws_overlap_m192 or tma_ping_pong_m192; got '" +
+                  name + "'");
 }
 }  // namespace
 

@@ -38,9 +38,12 @@
 // (160 registers each), on 4.3's, 4.4's or 4.5's consumers; ping-pong turns go round the
 // three. d=64's dense full calls from 4k and bf16 causal ones from 16k take its ping-pong.
 //
+// Step 4.12: O's rescale skipped when no row of a warp has a new max (d >= 128), and d=256
+// on 80-key tiles (64 before); 176-key tiles at d=128 measured slower and were not kept.
+//
 // Measured (H200, bf16, seqlen 16k, TFLOP/s full / causal, one device call; docs/JOURNEY.md
 // "Step 4 — cuda_sm90"): d=64 4.3 410 / 404, 4.7 ping-pong 467 / 426 (another call);
-// d=128 4.3 544 / 534, 4.5 590 / 565; d=256 4.3 587 / 570, 4.4 634 / 610.
+// d=128 4.3 544 / 534, 4.5 590 / 565; d=256 (64-key tiles) 4.3 587 / 570, 4.4 634 / 610.
 //
 // Shared-memory tiles (Q, K, V, and O in the epilogue) all use wgmma's K-major 128-byte-
 // swizzle canonical layout: the 16-bit columns are cut into blocks of 64 (128 bytes); block
@@ -126,10 +129,8 @@ struct Sm90Config {
                                               kStages * 2 * kTileBytes + kPersistentBarrierBytes +
                                               kAtomBytes;
 
-  // The head dim's other configurations, where it has them (Sm90Traits): step 4.7's 192
-  // query rows, step 4.12's wider key tiles.
+  // Step 4.7's 192-row configuration of the head dim, where it has one (Sm90Traits).
   using BlockM192 = void;
-  using WideKeys = void;
 
   static_assert(kHeadDim % kSwizzleCols == 0 && kHeadDim <= 256,
                 "head dim: whole 64-column swizzle blocks, at most 256 (wgmma N)");
@@ -241,10 +242,6 @@ enum class Pipeline {
   tma_ws_m192,
   tma_ws_overlap_m192,
   tma_ping_pong_m192,
-  // 4.12: the consumers of 4.4 and 4.5 on wider key tiles, for the head dims whose traits
-  // name a WideKeys configuration (d=128: 176 keys a tile).
-  tma_ws_overlap_wide_keys,
-  tma_ping_pong_wide_keys,
 };
 
 // Whether `pipeline` runs the head dim's 192-row configuration (step 4.7).
@@ -252,18 +249,12 @@ constexpr bool uses_block_m192(Pipeline pipeline) {
   return pipeline == Pipeline::tma_ws_m192 || pipeline == Pipeline::tma_ws_overlap_m192 ||
          pipeline == Pipeline::tma_ping_pong_m192;
 }
-// Whether `pipeline` runs the head dim's wide-key configuration (step 4.12).
-constexpr bool uses_wide_keys(Pipeline pipeline) {
-  return pipeline == Pipeline::tma_ws_overlap_wide_keys ||
-         pipeline == Pipeline::tma_ping_pong_wide_keys;
-}
 // Whether `pipeline` can split a call's keys (split-KV, step 4.10): the warp-specialised
-// one-block-per-CTA kernels (4.3-4.5, 4.7, 4.12).
+// one-block-per-CTA kernels (4.3-4.5, 4.7).
 constexpr bool splits_keys(Pipeline pipeline) {
   return pipeline == Pipeline::tma_warp_specialized ||
          pipeline == Pipeline::tma_warp_specialized_overlap ||
-         pipeline == Pipeline::tma_ping_pong || uses_block_m192(pipeline) ||
-         uses_wide_keys(pipeline);
+         pipeline == Pipeline::tma_ping_pong || uses_block_m192(pipeline);
 }
 
 // Shared-memory map of one CTA: [ Q buffers (kBlockM, d) x kQBuffers | stage s: K (kBlockN,
@@ -522,8 +513,12 @@ struct ConsumerWarpgroup {
   // alpha is exactly 1 for a row whose max did not grow (exp(0)), which after the first
   // tiles is most of them: when no row of the warp moved, the d/2 multiplies are skipped
   // (exact; a NaN alpha is not 1 and still reaches O). Warp-uniform, so no divergence.
+  // Step 4.12a: d=256 +4-11%, d=128 level; at d=64 (32 multiplies, issue-bound) the vote
+  // cost 1-2%, so it keeps the plain rescale.
+  static constexpr bool kSkipUnitRescale = Cfg::kHeadDim >= 128;
   __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {
-    if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+    if constexpr (kSkipUnitRescale)
+      if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
 #pragma unroll
     for (int half = 0; half < 2; ++half)
 #pragma unroll
@@ -1156,48 +1151,43 @@ void launch_sm90_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline 
     case Pipeline::tma_ws_m192:
     case Pipeline::tma_ws_overlap_m192:
     case Pipeline::tma_ping_pong_m192:
-    case Pipeline::tma_ws_overlap_wide_keys:
-    case Pipeline::tma_ping_pong_wide_keys:
-      throw Error(ErrorKind::runtime, "cuda_sm90: another configuration's pipeline reached the base launcher");
+      throw Error(ErrorKind::runtime, "cuda_sm90: a 192-row pipeline reached the 128-row launcher");
   }
   check_launch("cuda_sm90 forward kernel");
 }
 
-// Steps 4.7 and 4.12: the warp-specialised kernel on one of the head dim's other
-// configurations, Cfg: three consumer warpgroups (192 query rows) on 4.3's, 4.4's or 4.5's
-// consumers, or wider key tiles on 4.4's or 4.5's. Only these kernels are instantiated for
-// such a configuration (the cp.async copy loops of 4.1/4.2 divide a tile among the CTA's
-// threads, and 128-key tiles do not divide among 384).
+// Step 4.7: the warp-specialised kernel with three consumer warpgroups (Cfg::kWarpgroups 3,
+// 192 query rows), on 4.3's, 4.4's or 4.5's consumers; only these kernels are instantiated
+// for such a configuration (the cp.async copy loops of 4.1/4.2 divide a tile among the
+// CTA's threads, and 128-key tiles do not divide among 384).
 template <class T, class Cfg, bool kTransformed>
-void launch_sm90_other_config_kernel(const AttentionParams& p, const TmaMaps& maps,
-                                     Pipeline pipeline, bool grouped_grid,
-                                     const SplitPartials& parts, cudaStream_t stream) {
-  constexpr bool kBlockM192 = Cfg::kWarpgroups == 3;
+void launch_sm90_m192_kernel(const AttentionParams& p, const TmaMaps& maps, Pipeline pipeline,
+                             bool grouped_grid, const SplitPartials& parts, cudaStream_t stream) {
+  static_assert(Cfg::kWarpgroups == 3, "the 192-row pipelines run three consumer warpgroups");
   auto launch = [&](auto* kernel) {
     launch_ws_kernel<Cfg>(kernel, p, maps, grouped_grid, parts, stream);
   };
-  const bool ours = kBlockM192 ? uses_block_m192(pipeline) : uses_wide_keys(pipeline);
-  if (!ours)
-    throw Error(ErrorKind::runtime, "cuda_sm90: a pipeline reached another configuration's launcher");
-  if constexpr (kBlockM192) {
-    if (pipeline == Pipeline::tma_ws_m192)
+  switch (pipeline) {
+    case Pipeline::tma_ws_m192:
       launch(&sm90_ws_forward_kernel<T, Cfg, false, false, kTransformed>);
+      break;
+    case Pipeline::tma_ws_overlap_m192:
+      launch(&sm90_ws_forward_kernel<T, Cfg, true, false, kTransformed>);
+      break;
+    case Pipeline::tma_ping_pong_m192:
+      launch(&sm90_ws_forward_kernel<T, Cfg, true, true, kTransformed>);
+      break;
+    default:
+      throw Error(ErrorKind::runtime, "cuda_sm90: a 128-row pipeline reached the 192-row launcher");
   }
-  if (pipeline == Pipeline::tma_ws_overlap_m192 || pipeline == Pipeline::tma_ws_overlap_wide_keys)
-    launch(&sm90_ws_forward_kernel<T, Cfg, true, false, kTransformed>);
-  if (pipeline == Pipeline::tma_ping_pong_m192 || pipeline == Pipeline::tma_ping_pong_wide_keys)
-    launch(&sm90_ws_forward_kernel<T, Cfg, true, true, kTransformed>);
-  check_launch("cuda_sm90 forward kernel (other configuration)");
+  check_launch("cuda_sm90 forward kernel (192 rows)");
 }
 
-// Which configuration of the head dim a call runs on (Sm90Traits).
-enum class Sm90Shape { base, block_m192, wide_keys };
-
-// What a call runs: the pipeline, the configuration, its TMA maps, and its key split
-// (step 4.10).
+// What a call runs: the pipeline, whether on the head dim's 192-row configuration (step
+// 4.7), its TMA maps, and its key split (step 4.10).
 struct Sm90Call {
   Pipeline pipeline = Pipeline::cp_async;
-  Sm90Shape shape = Sm90Shape::base;
+  bool block_m192 = false;
   TmaMaps maps{};
   SplitPlan split;
 };
@@ -1207,29 +1197,10 @@ struct Sm90Call {
 inline constexpr const char* kPinSm90Splits = "FLASHTILE_SM90_SPLITS";
 
 
-// Plans `wanted` on Other, one of the head dim's other configurations (Sm90Traits), or
-// refuses it by name where the head dim has none (Other void; `what` names the pipelines,
-// `served` the head dims that have it). False when the call's TMA maps cannot be encoded.
-template <class Other>
-bool plan_on_other_config(const AttentionParams& p, Pipeline wanted, Sm90Shape shape,
-                          const char* what, const char* served, Sm90Call& call) {
-  if constexpr (std::is_void_v<Other>) {
-    throw Error(ErrorKind::unsupported, std::string("cuda_sm90: the ") + what + " serve head_dim " +
-                                            served + "; got head_dim " + std::to_string(p.head_dim));
-  } else {
-    if (!encode_dense_maps(p, Other::kBlockM, Other::kBlockN, call.maps)) return false;
-    call.pipeline = wanted;
-    call.shape = shape;
-    call.split = split_plan(p, split_tile_of<Other>(), kPinSm90Splits);
-    return true;
-  }
-}
-
 // The fastest measured pipeline that serves p (TMA needs encodable maps: dense calls),
 // unless `pinned` names one (the journey's measurements and the tests of each step), and its
-// key split. Cfg is the head dim's traits: its base configuration, and Cfg::BlockM192 (the
-// 192 rows of step 4.7) and Cfg::WideKeys (the wider key tiles of step 4.12) the others,
-// where the head dim has them (void elsewhere).
+// key split. Cfg is the head dim's traits: its 128-row configuration, and Cfg::BlockM192 the
+// 192-row one of step 4.7 where the head dim has one (void elsewhere).
 // Split-KV (4.10): a call whose blocks cannot fill the GPU splits its keys on the
 // warp-specialised pipelines; an unpinned persistent choice (4.6: d=256 full from 4k, windows
 // at d=64 and 256) then takes the one-block kernel on the same consumers, which splits (a
@@ -1243,16 +1214,22 @@ Sm90Call plan_sm90_call(const AttentionParams& p, std::optional<Pipeline> pinned
                           : window ? Cfg::kWindowPipeline
                                    : Cfg::dense_pipeline(p);
   Sm90Call call;
-  if (uses_block_m192(wanted) &&
-      plan_on_other_config<typename Cfg::BlockM192>(p, wanted, Sm90Shape::block_m192,
-                                                    "192-row pipelines (step 4.7)", "64", call))
-    return call;
-  if (uses_wide_keys(wanted) &&
-      plan_on_other_config<typename Cfg::WideKeys>(p, wanted, Sm90Shape::wide_keys,
-                                                   "wide-key pipelines (step 4.12)", "128", call))
-    return call;
-  const bool other_config = uses_block_m192(wanted) || uses_wide_keys(wanted);
-  const bool tma = !other_config && wanted != Pipeline::cp_async &&
+  if (uses_block_m192(wanted)) {
+    using Wide = typename Cfg::BlockM192;
+    if constexpr (std::is_void_v<Wide>) {
+      throw Error(ErrorKind::unsupported,
+                  "cuda_sm90: the 192-row pipelines (step 4.7) serve head_dim 64; got head_dim " +
+                      std::to_string(p.head_dim));
+    } else {
+      if (encode_dense_maps(p, Wide::kBlockM, Wide::kBlockN, call.maps)) {
+        call.pipeline = wanted;
+        call.block_m192 = true;
+        call.split = split_plan(p, split_tile_of<Wide>(), kPinSm90Splits);
+        return call;
+      }
+    }
+  }
+  const bool tma = !uses_block_m192(wanted) && wanted != Pipeline::cp_async &&
                    encode_dense_maps(p, Cfg::kBlockM, Cfg::kBlockN, call.maps);
   if (pinned && *pinned != Pipeline::cp_async && !tma)
     throw Error(ErrorKind::unsupported, "cuda_sm90: the TMA maps of this call cannot be encoded");
@@ -1276,21 +1253,17 @@ void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
   const Sm90Call call = plan_sm90_call<Cfg>(p, pinned);
   const bool transformed = p.softcap != 0.0f || p.alibi_slopes != nullptr;
   constexpr bool grouped = Cfg::kGroupedMaskedGrid;  // step 4.9, per head dim
-  // The kernels of one of the head dim's other configurations (void: none).
-  auto launch_other = [&](auto other, const SplitPartials& parts) {
-    using Other = typename decltype(other)::type;
-    if constexpr (!std::is_void_v<Other>) {
-      if (transformed)
-        launch_sm90_other_config_kernel<T, Other, true>(p, call.maps, call.pipeline, grouped, parts, stream);
-      else
-        launch_sm90_other_config_kernel<T, Other, false>(p, call.maps, call.pipeline, grouped, parts, stream);
-    }
-  };
   run_split_forward(p, call.split, stream, [&](const SplitPartials& parts) {
-    if (call.shape == Sm90Shape::block_m192)
-      return launch_other(std::type_identity<typename Cfg::BlockM192>{}, parts);
-    if (call.shape == Sm90Shape::wide_keys)
-      return launch_other(std::type_identity<typename Cfg::WideKeys>{}, parts);
+    if (call.block_m192) {
+      using Wide = typename Cfg::BlockM192;
+      if constexpr (!std::is_void_v<Wide>) {
+        if (transformed)
+          launch_sm90_m192_kernel<T, Wide, true>(p, call.maps, call.pipeline, grouped, parts, stream);
+        else
+          launch_sm90_m192_kernel<T, Wide, false>(p, call.maps, call.pipeline, grouped, parts, stream);
+      }
+      return;
+    }
     if (transformed)
       launch_sm90_kernel<T, Cfg, true>(p, call.maps, call.pipeline, grouped, parts, stream);
     else

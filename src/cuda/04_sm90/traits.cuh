@@ -62,32 +62,26 @@ struct Sm90Traits<128> : Sm90Config<128, 128, 2, 2, 1> {
   static constexpr bool kPersistentOverlap = true, kPersistentPingPong = true;
   // Step 4.9's grouped grid: causal 4k +2.7/+3.3% (4.3, two runs), 8k +1.8% (4.5).
   static constexpr bool kGroupedMaskedGrid = true;
-  // Step 4.12: 176-key tiles (FlashAttention-3's d=128 non-causal tile): S 88 registers,
-  // P 44 and O 64 per consumer thread; 32 KB of Q + 2·2·44 KB of K/V = 208 KB. A tile's
-  // fixed work (the turn hand-overs, the barrier waits, the row max's shuffles, O's rescale)
-  // is spread over 1.375x the keys. Causal calls keep 128-key tiles: a wider tile masks
-  // more on the diagonal.
-  using WideKeys = Sm90Config<128, 176, 2, 2, 1>;
-  // Full: 4.5 from 4k (+6-9% over 4.3), 4.4 below (+2-3%; 4.5 not measured there), both on
-  // the wide key tiles (4.12).
+  // Full: 4.5 from 4k (+6-9% over 4.3), 4.4 below (+2-3%; 4.5 not measured there).
   // Causal: 4.5 from 8k (+4-6% at 16k, even with 4.3 at 4k), 4.3 below (4.4 9-26% slower
   // at 512-2k).
   static Pipeline dense_pipeline(const AttentionParams& p) {
     if (p.is_causal())
       return p.seqlen_k >= 8192 ? Pipeline::tma_ping_pong : Pipeline::tma_warp_specialized;
-    return p.seqlen_k >= 4096 ? Pipeline::tma_ping_pong_wide_keys
-                              : Pipeline::tma_ws_overlap_wide_keys;
+    return p.seqlen_k >= 4096 ? Pipeline::tma_ping_pong : Pipeline::tma_warp_specialized_overlap;
   }
   // Windowed calls: 4.3, which the persistent kernel and ping-pong trail by 5-11% at window
   // (1024, 0) and lead by 1-2% at (4096, 0).
   static constexpr Pipeline kWindowPipeline = Pipeline::tma_warp_specialized;
 };
-// d=256: 80-key tiles (step 4.12, FlashAttention-3's d=256 tile; 64 before), so S (40
-// registers), P (20) and O (128) fit the consumers' 240 registers; 64 KB of Q + 2·2·40 KB of
-// K/V = 224 KB.
+// d=256: 80-key tiles (step 4.12b, FlashAttention-3's d=256 tile; 64 before, +2-6% on an
+// H100, JOURNEY 4.12), so S (40 registers), P (20) and O (128) fit the consumers' 240
+// registers; 64 KB of Q + 2·2·40 KB of K/V = 224 KB of the 227. The 4.4 one-block kernel
+// spills two of the key-block bounds (8 B, reloaded once a tile, beside the P·V issue); its
+// spill-free 4.5 measured 0-3% slower at every point.
 template <>
 struct Sm90Traits<256> : Sm90Config<256, 80, 2, 2, 1> {
-  // 4.4 634 / 610, 4.5 625 / 610, 4.3 587 / 570.
+  // On 64-key tiles: 4.4 634 / 610, 4.5 625 / 610, 4.3 587 / 570.
   static constexpr bool kPersistentOverlap = true, kPersistentPingPong = false;
   // Step 4.9's grouped grid: 4.4 causal 4k +5.0%, 8k +6.1% (against main's 4.4).
   static constexpr bool kGroupedMaskedGrid = true;
@@ -115,9 +109,6 @@ static_assert(Sm90Traits<128>::kSmemBytes <= kSmemLimit && Sm90Traits<128>::kPer
               "d=128: Q (32 KB, x2 persistent) and the K/V ring (128 KB) fit 227 KB");
 static_assert(Sm90Traits<256>::kSmemBytes <= kSmemLimit && Sm90Traits<256>::kPersistentSmemBytes <= kSmemLimit,
               "d=256: Q (64 KB, one buffer) and the K/V ring (160 KB) fit 227 KB");
-static_assert(Sm90Traits<128>::WideKeys::kSmemBytes <= kSmemLimit &&
-                  Sm90Traits<128>::WideKeys::kBlockM == Sm90Traits<128>::kBlockM,
-              "d=128, step 4.12: Q (32 KB) and the 176-key K/V ring (176 KB) fit 227 KB");
 static_assert(Sm90Traits<64>::BlockM192::kSmemBytes <= kSmemLimit &&
                   Sm90Traits<64>::BlockM192::kBlockM == 192,
               "d=64, step 4.7: Q (24 KB) and the K/V ring (64 KB) fit 227 KB");

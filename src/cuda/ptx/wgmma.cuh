@@ -95,7 +95,6 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 #define FT_WGMMA_ACC_40 FT_WGMMA_ACC_32, FT_WGMMA_D8(32)
 #define FT_WGMMA_ACC_64 \
   FT_WGMMA_ACC_32, FT_WGMMA_D8(32), FT_WGMMA_D8(40), FT_WGMMA_D8(48), FT_WGMMA_D8(56)
-#define FT_WGMMA_ACC_88 FT_WGMMA_ACC_64, FT_WGMMA_D8(64), FT_WGMMA_D8(72), FT_WGMMA_D8(80)
 #define FT_WGMMA_ACC_128                                                                      \
   FT_WGMMA_ACC_64, FT_WGMMA_D8(64), FT_WGMMA_D8(72), FT_WGMMA_D8(80), FT_WGMMA_D8(88),        \
       FT_WGMMA_D8(96), FT_WGMMA_D8(104), FT_WGMMA_D8(112), FT_WGMMA_D8(120)
@@ -110,13 +109,10 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   FT_WGMMA_ACC_NAMES_40 ", " \
   "%40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define FT_WGMMA_ACC_NAMES_88 \
+#define FT_WGMMA_ACC_NAMES_128 \
   FT_WGMMA_ACC_NAMES_64 ", " \
   "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-  "%80, %81, %82, %83, %84, %85, %86, %87"
-#define FT_WGMMA_ACC_NAMES_128 \
-  FT_WGMMA_ACC_NAMES_88 ", " \
-  "%88, %89, %90, %91, %92, %93, %94, %95, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 
@@ -184,8 +180,8 @@ struct Wgmma<__half, 128> {
   FT_WGMMA_SS(128, "f16", 64, 64, 65, 66)
   FT_WGMMA_RS(128, "f16", 64, 64, 65, 66, 67, 68, 69)
 };
-// S = Q·Kᵀ of the wider key tiles: 176 keys (d=128 full attention) and 80 (d=256), the
-// widest whose S, P and O fit the consumers' registers, and K/V ring the shared memory.
+// S = Q·Kᵀ of d=256's 80-key tiles, the widest whose S, P and O fit the consumers'
+// registers and whose K/V ring fits the shared memory.
 template <>
 struct Wgmma<__nv_bfloat16, 80> {
   FT_WGMMA_SS(80, "bf16", 40, 40, 41, 42)
@@ -193,14 +189,6 @@ struct Wgmma<__nv_bfloat16, 80> {
 template <>
 struct Wgmma<__half, 80> {
   FT_WGMMA_SS(80, "f16", 40, 40, 41, 42)
-};
-template <>
-struct Wgmma<__nv_bfloat16, 176> {
-  FT_WGMMA_SS(176, "bf16", 88, 88, 89, 90)
-};
-template <>
-struct Wgmma<__half, 176> {
-  FT_WGMMA_SS(176, "f16", 88, 88, 89, 90)
 };
 // d = 256: only O += P·V has N = 256 (S = Q·Kᵀ takes 80-key tiles), so only rs exists.
 template <>
@@ -263,13 +251,11 @@ struct WgmmaTf32<128> {
 #undef FT_WGMMA_SS
 #undef FT_WGMMA_SS_FORM
 #undef FT_WGMMA_ACC_NAMES_128
-#undef FT_WGMMA_ACC_NAMES_88
 #undef FT_WGMMA_ACC_NAMES_64
 #undef FT_WGMMA_ACC_NAMES_40
 #undef FT_WGMMA_ACC_NAMES_32
 #undef FT_WGMMA_ACC_NAMES_16
 #undef FT_WGMMA_ACC_128
-#undef FT_WGMMA_ACC_88
 #undef FT_WGMMA_ACC_64
 #undef FT_WGMMA_ACC_40
 #undef FT_WGMMA_ACC_32
