@@ -31,7 +31,7 @@
 // Sm90Traits::kWindowPipeline.
 // Softcap and ALiBi run in a transformed kernel per pipeline (LogitsTransform::apply).
 // Step 4.6 (sm90_persistent_forward_kernel, Pipeline::tma_persistent: d=256 full calls from
-// 4k, windows at d=64 and 256): persistent CTAs over a heaviest-first schedule
+// 4k, d=128 full calls at 1k-2k, windows at d=64 and 256): persistent CTAs over a heaviest-first schedule
 // (tile_schedule.hpp), the producer running ahead into the next work item. Next (issue 9):
 // a TMA-store epilogue.
 // Step 4.7 (Pipeline::tma_*_m192, d=64): three consumer warpgroups, 192 query rows a CTA
@@ -1202,9 +1202,9 @@ inline constexpr const char* kPinSm90Splits = "FLASHTILE_SM90_SPLITS";
 // key split. Cfg is the head dim's traits: its 128-row configuration, and Cfg::BlockM192 the
 // 192-row one of step 4.7 where the head dim has one (void elsewhere).
 // Split-KV (4.10): a call whose blocks cannot fill the GPU splits its keys on the
-// warp-specialised pipelines; an unpinned persistent choice (4.6: d=256 full from 4k, windows
-// at d=64 and 256) then takes the one-block kernel on the same consumers, which splits (a
-// persistent CTA has one block at most anyway).
+// warp-specialised pipelines; an unpinned persistent choice (4.6: full calls at d=256 from
+// 4k and at d=128 from 1k to 2k, windows at d=64 and 256) then takes the one-block kernel on
+// the same consumers, which splits (a persistent CTA has one block at most anyway).
 template <class Cfg>
 Sm90Call plan_sm90_call(const AttentionParams& p, std::optional<Pipeline> pinned) {
   // Dense calls: full and causal ones, and windows, take the head dim's measured choice

@@ -22,9 +22,9 @@ struct Sm90Traits;
 // causal calls, whose diagonal blocks walk few (their first S and last P·V run alone).
 //
 // kPersistentOverlap, kPersistentPingPong: the consumers step 4.6 (Pipeline::tma_persistent,
-// which dense_pipeline takes at d=256 only, where it measured faster) runs, those of the
-// pipeline measured fastest at 16k for the head dim: 4.3 (neither), 4.4 (overlap) or 4.5
-// (both).
+// which dense_pipeline takes for full calls at d=256 from 4k and at d=128 from 1k to 2k,
+// where it measured faster) runs, those of the pipeline measured fastest at 16k for the
+// head dim: 4.3 (neither), 4.4 (overlap) or 4.5 (both).
 template <>
 struct Sm90Traits<64> : Sm90Config<64, 128, 2, 2, 1> {
   // 4.3 410 / 404 TFLOP/s (full / causal, bf16 16k), 4.4 404 / 391, 4.5 407 / 391.
@@ -62,13 +62,16 @@ struct Sm90Traits<128> : Sm90Config<128, 128, 2, 2, 1> {
   static constexpr bool kPersistentOverlap = true, kPersistentPingPong = true;
   // Step 4.9's grouped grid: causal 4k +2.7/+3.3% (4.3, two runs), 8k +1.8% (4.5).
   static constexpr bool kGroupedMaskedGrid = true;
-  // Full: 4.5 from 4k (+6-9% over 4.3), 4.4 below (+2-3%; 4.5 not measured there).
+  // Full: 4.5 from 4k (+6-9% over 4.3); 4.6 (persistent, 4.5's consumers) at 1k-2k, where
+  // it measured 9-10% faster than 4.4 and 2-7% faster than 4.5 (with 4.12a's rescale skip;
+  // H100, one call, JOURNEY 4.12); 4.4 below 1k (+2-3% over 4.3; 4.6 not measured there).
   // Causal: 4.5 from 8k (+4-6% at 16k, even with 4.3 at 4k), 4.3 below (4.4 9-26% slower
   // at 512-2k).
   static Pipeline dense_pipeline(const AttentionParams& p) {
     if (p.is_causal())
       return p.seqlen_k >= 8192 ? Pipeline::tma_ping_pong : Pipeline::tma_warp_specialized;
-    return p.seqlen_k >= 4096 ? Pipeline::tma_ping_pong : Pipeline::tma_warp_specialized_overlap;
+    if (p.seqlen_k >= 4096) return Pipeline::tma_ping_pong;
+    return p.seqlen_k >= 1024 ? Pipeline::tma_persistent : Pipeline::tma_warp_specialized_overlap;
   }
   // Windowed calls: 4.3, which the persistent kernel and ping-pong trail by 5-11% at window
   // (1024, 0) and lead by 1-2% at (4096, 0).
