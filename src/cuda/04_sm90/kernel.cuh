@@ -31,9 +31,9 @@
 // Sm90Traits::kWindowPipeline.
 // Softcap and ALiBi run in a transformed kernel per pipeline (LogitsTransform::apply).
 // Step 4.6 (sm90_persistent_forward_kernel, Pipeline::tma_persistent: d=256 full calls from
-// 4k, d=128 full calls at 1k-2k, windows at d=64 and 256): persistent CTAs over a heaviest-first schedule
-// (tile_schedule.hpp), the producer running ahead into the next work item. Next (issue 9):
-// a TMA-store epilogue.
+// 4k, d=128 full calls at 1k-2k, windows at d=64 and 256): persistent CTAs over a
+// heaviest-first schedule (tile_schedule.hpp), the producer running ahead into the next work
+// item. Next (issue 9): a TMA-store epilogue.
 // Step 4.7 (Pipeline::tma_*_m192, d=64): three consumer warpgroups, 192 query rows a CTA
 // (160 registers each), on 4.3's, 4.4's or 4.5's consumers; ping-pong turns go round the
 // three. d=64's dense full calls from 4k and bf16 causal ones from 16k take its ping-pong.

@@ -93,8 +93,7 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 #define FT_WGMMA_ACC_16 FT_WGMMA_D8(0), FT_WGMMA_D8(8)
 #define FT_WGMMA_ACC_32 FT_WGMMA_D8(0), FT_WGMMA_D8(8), FT_WGMMA_D8(16), FT_WGMMA_D8(24)
 #define FT_WGMMA_ACC_40 FT_WGMMA_ACC_32, FT_WGMMA_D8(32)
-#define FT_WGMMA_ACC_64 \
-  FT_WGMMA_ACC_32, FT_WGMMA_D8(32), FT_WGMMA_D8(40), FT_WGMMA_D8(48), FT_WGMMA_D8(56)
+#define FT_WGMMA_ACC_64 FT_WGMMA_ACC_40, FT_WGMMA_D8(40), FT_WGMMA_D8(48), FT_WGMMA_D8(56)
 #define FT_WGMMA_ACC_128                                                                      \
   FT_WGMMA_ACC_64, FT_WGMMA_D8(64), FT_WGMMA_D8(72), FT_WGMMA_D8(80), FT_WGMMA_D8(88),        \
       FT_WGMMA_D8(96), FT_WGMMA_D8(104), FT_WGMMA_D8(112), FT_WGMMA_D8(120)
@@ -180,8 +179,8 @@ struct Wgmma<__half, 128> {
   FT_WGMMA_SS(128, "f16", 64, 64, 65, 66)
   FT_WGMMA_RS(128, "f16", 64, 64, 65, 66, 67, 68, 69)
 };
-// S = Q·Kᵀ of d=256's 80-key tiles, the widest whose S, P and O fit the consumers'
-// registers and whose K/V ring fits the shared memory.
+// S = Q·Kᵀ of d=256's 80-key tiles, the widest whose two-stage K/V ring fits the shared
+// memory beside Q (96 keys would take 256 KB).
 template <>
 struct Wgmma<__nv_bfloat16, 80> {
   FT_WGMMA_SS(80, "bf16", 40, 40, 41, 42)
