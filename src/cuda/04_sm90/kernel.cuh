@@ -513,7 +513,7 @@ struct ConsumerWarpgroup {
   // alpha is exactly 1 for a row whose max did not grow (exp(0)), which after the first
   // tiles is most of them: when no row of the warp moved, the d/2 multiplies are skipped
   // (exact; a NaN alpha is not 1 and still reaches O). Warp-uniform, so no divergence.
-  // Step 4.12a: d=256 +4-11%, d=128 level; at d=64 (32 multiplies, issue-bound) the vote
+  // Step 4.12a: d=256 +2-10%, d=128 level; at d=64 (32 multiplies, issue-bound) the vote
   // cost 1-2%, so it keeps the plain rescale.
   static constexpr bool kSkipUnitRescale = Cfg::kHeadDim >= 128;
   __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {

@@ -77,11 +77,12 @@ struct Sm90Traits<128> : Sm90Config<128, 128, 2, 2, 1> {
   // (1024, 0) and lead by 1-2% at (4096, 0).
   static constexpr Pipeline kWindowPipeline = Pipeline::tma_warp_specialized;
 };
-// d=256: 80-key tiles (step 4.12b, FlashAttention-3's d=256 tile; 64 before, +2-6% on an
+// d=256: 80-key tiles (step 4.12b, FlashAttention-3's d=256 tile; 64 before, +2-7% on an
 // H100, JOURNEY 4.12), so S (40 registers), P (20) and O (128) fit the consumers' 240
 // registers; 64 KB of Q + 2·2·40 KB of K/V = 224 KB of the 227. The 4.4 one-block kernel
-// spills two of the key-block bounds (8 B, reloaded once a tile, beside the P·V issue); its
-// spill-free 4.5 measured 0-3% slower at every point.
+// (causal calls from 2k) spills two of the key-block bounds (8 B, reloaded once a tile,
+// beside the P·V issue); its spill-free 4.5 measured within ±2% of it at causal 2k-16k
+// (two calls, either ahead), so the choice stays.
 template <>
 struct Sm90Traits<256> : Sm90Config<256, 80, 2, 2, 1> {
   // On 64-key tiles: 4.4 634 / 610, 4.5 625 / 610, 4.3 587 / 570.
