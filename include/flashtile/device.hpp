@@ -39,6 +39,9 @@ class DeviceBuffer {
   void copy_to_host(void* dst, std::size_t bytes) const;
   // Fills every byte with `value` (0xFF makes fp32/fp16/bf16 NaNs: the poison for tests).
   void fill_bytes(unsigned char value);
+  // The same, queued on the legacy default stream and not waited for (an L2 flush between
+  // timed calls, which must not leave the GPU idle while the host queues the next one).
+  void fill_bytes_async(unsigned char value);
 
  private:
   void* data_ = nullptr;
@@ -49,6 +52,11 @@ class DeviceBuffer {
 // Times `fn` on the default stream of `device_index` with CUDA events:
 // `warmup` untimed calls, then the median of `repeats` timed calls, in milliseconds.
 // `before_each` runs before every timed call, outside the events (e.g. an L2 flush).
+// The calls are queued back to back with an event pair around each and one synchronisation
+// at the end, as triton.testing.do_bench times the PyTorch peers: while the GPU runs one
+// call (or the flush before it), the host queues the next, so a call's time does not
+// include the host's launch latency from an idle GPU. fn and before_each should not
+// synchronise (a call that must, e.g. to read device-side lengths, is timed with its wait).
 template <class Fn, class Before>
 double cuda_median_ms(int device_index, int warmup, int repeats, Fn&& fn, Before&& before_each);
 template <class Fn>
@@ -57,11 +65,13 @@ double cuda_median_ms(int device_index, int warmup, int repeats, Fn&& fn) {
 }
 
 namespace detail {
-struct EventPair;
-EventPair* event_pair_create(int device_index);
-void event_pair_destroy(EventPair*);
-void event_pair_record_start(EventPair*);
-float event_pair_record_stop_ms(EventPair*);  // synchronises, returns elapsed ms
+// `pairs` start/stop event pairs recorded on the legacy default stream.
+struct EventPairs;
+EventPairs* event_pairs_create(int device_index, int pairs);
+void event_pairs_destroy(EventPairs*);
+void event_pairs_record(EventPairs*, int pair, bool stop);
+// Synchronises on the last stop event; each pair's elapsed milliseconds.
+std::vector<double> event_pairs_elapsed_ms(EventPairs*);
 double median(std::vector<double>& values);
 }  // namespace detail
 
@@ -70,20 +80,21 @@ double median(std::vector<double>& values);
 template <class Fn, class Before>
 double flashtile::cuda_median_ms(int device_index, int warmup, int repeats, Fn&& fn,
                                  Before&& before_each) {
-  detail::EventPair* events = detail::event_pair_create(device_index);
+  detail::EventPairs* events = detail::event_pairs_create(device_index, repeats);
   std::vector<double> times;
   try {
     for (int i = 0; i < warmup; ++i) fn();
     for (int i = 0; i < repeats; ++i) {
       before_each();
-      detail::event_pair_record_start(events);
+      detail::event_pairs_record(events, i, /*stop=*/false);
       fn();
-      times.push_back(detail::event_pair_record_stop_ms(events));
+      detail::event_pairs_record(events, i, /*stop=*/true);
     }
+    times = detail::event_pairs_elapsed_ms(events);
   } catch (...) {
-    detail::event_pair_destroy(events);
+    detail::event_pairs_destroy(events);
     throw;
   }
-  detail::event_pair_destroy(events);
+  detail::event_pairs_destroy(events);
   return detail::median(times);
 }

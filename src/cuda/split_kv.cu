@@ -9,6 +9,7 @@
 #include "cuda/common.cuh"
 #include "cuda/split_kv_combine.cuh"
 #include "cuda/split_kv_launch.hpp"
+#include "cuda/workspace_pool.hpp"
 
 namespace flashtile::detail {
 namespace {
@@ -16,36 +17,14 @@ namespace {
 // A split keeps at least this many key blocks of its tile's heaviest range.
 constexpr int kMinBlocksPerSplit = 1;
 
-// The partials come from a stream-ordered pool of flashtile's own per device, which keeps up
-// to kPoolKeepBytes between calls (the default pool would return them to the driver at every
-// synchronisation and pay for the allocation again).
-constexpr uint64_t kPoolKeepBytes = uint64_t(64) << 20;
-cudaMemPool_t workspace_pool(int device) {
-  static std::mutex mutex;
-  static auto* pools = new std::map<int, cudaMemPool_t>();  // lives as long as the process
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (auto found = pools->find(device); found != pools->end()) return found->second;
-  cudaMemPoolProps props = {};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = device;
-  cudaMemPool_t pool = nullptr;
-  check_cuda(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
-  uint64_t keep = kPoolKeepBytes;
-  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
-             "cudaMemPoolSetAttribute(ReleaseThreshold)");
-  (*pools)[device] = pool;
-  return pool;
-}
-
 // A split call on the legacy default stream reuses one workspace per device instead of an
 // allocation and a free from the pool (1.3 us of host time a call on the H200 host, more than
 // a tenth of the write-up's case: docs/JOURNEY.md, 2c.7). That stream orders every call made
 // on it and is never destroyed, so one buffer serves them all; the mutex is held until the
 // call's kernels are queued, so that growing the buffer (a stream-ordered free and
 // allocation) can never pass a call that still holds the old one. Other streams (which may
-// run at once, or be destroyed with work in flight) keep the pool.
-constexpr uint64_t kReusedWorkspaceMaxBytes = kPoolKeepBytes;
+// run at once, or be destroyed with work in flight), and larger calls, keep the pool.
+constexpr uint64_t kReusedWorkspaceMaxBytes = uint64_t(64) << 20;
 struct LegacyStreamWorkspace {
   std::mutex mutex;
   void* data = nullptr;
@@ -143,16 +122,13 @@ void run_split_forward(const AttentionParams& p, const SplitPlan& plan, cudaStre
         check_cuda(cudaFreeAsync(reused.data, stream), "cudaFreeAsync(split-KV workspace)");
       reused.data = nullptr;
       reused.bytes = 0;
-      check_cuda(cudaMallocFromPoolAsync(&reused.data, bytes, workspace_pool(p.device_index), stream),
-                 "cudaMallocFromPoolAsync(split-KV workspace)");
+      reused.data = allocate_workspace(bytes, p.device_index, stream);
       reused.bytes = bytes;
     }
     launch_split(p, partials_at(reused.data), stream, forward, merged_in_forward);
     return;
   }
-  void* workspace = nullptr;
-  check_cuda(cudaMallocFromPoolAsync(&workspace, bytes, workspace_pool(p.device_index), stream),
-             "cudaMallocFromPoolAsync(split-KV workspace)");
+  void* workspace = allocate_workspace(bytes, p.device_index, stream);
   try {
     launch_split(p, partials_at(workspace), stream, forward, merged_in_forward);
   } catch (...) {

@@ -86,31 +86,51 @@ void DeviceBuffer::fill_bytes(unsigned char value) {
   check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize after cudaMemset");
 }
 
+void DeviceBuffer::fill_bytes_async(unsigned char value) {
+  const detail::DeviceGuard on_device(device_);
+  check(cudaMemsetAsync(data_, value, bytes_, cudaStreamLegacy), "cudaMemsetAsync");
+}
+
 namespace detail {
-struct EventPair {
-  cudaEvent_t start, stop;
+struct EventPairs {
+  std::vector<cudaEvent_t> start, stop;
 };
-EventPair* event_pair_create(int device_index) {
+EventPairs* event_pairs_create(int device_index, int pairs) {
   check(cudaSetDevice(device_index), "cudaSetDevice");
-  auto* events = new EventPair;
-  check(cudaEventCreate(&events->start), "cudaEventCreate");
-  check(cudaEventCreate(&events->stop), "cudaEventCreate");
+  auto* events = new EventPairs;
+  auto create = [&](std::vector<cudaEvent_t>& into) {
+    for (int i = 0; i < pairs; ++i) {
+      cudaEvent_t event = nullptr;
+      if (const cudaError_t status = cudaEventCreate(&event); status != cudaSuccess) {
+        event_pairs_destroy(events);
+        check(status, "cudaEventCreate");
+      }
+      into.push_back(event);
+    }
+  };
+  create(events->start);
+  create(events->stop);
   return events;
 }
-void event_pair_destroy(EventPair* events) {
-  cudaEventDestroy(events->start);
-  cudaEventDestroy(events->stop);
+void event_pairs_destroy(EventPairs* events) {
+  for (cudaEvent_t event : events->start) cudaEventDestroy(event);
+  for (cudaEvent_t event : events->stop) cudaEventDestroy(event);
   delete events;
 }
-void event_pair_record_start(EventPair* events) {
-  check(cudaEventRecord(events->start), "cudaEventRecord");
+void event_pairs_record(EventPairs* events, int pair, bool stop) {
+  check(cudaEventRecord((stop ? events->stop : events->start).at(size_t(pair))), "cudaEventRecord");
 }
-float event_pair_record_stop_ms(EventPair* events) {
-  check(cudaEventRecord(events->stop), "cudaEventRecord");
-  check(cudaEventSynchronize(events->stop), "cudaEventSynchronize");
-  float ms = 0;
-  check(cudaEventElapsedTime(&ms, events->start, events->stop), "cudaEventElapsedTime");
-  return ms;
+std::vector<double> event_pairs_elapsed_ms(EventPairs* events) {
+  std::vector<double> times;
+  if (events->stop.empty()) return times;
+  // Events complete in stream order: the last stop covers every pair.
+  check(cudaEventSynchronize(events->stop.back()), "cudaEventSynchronize");
+  for (size_t i = 0; i < events->stop.size(); ++i) {
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, events->start[i], events->stop[i]), "cudaEventElapsedTime");
+    times.push_back(ms);
+  }
+  return times;
 }
 }  // namespace detail
 
@@ -213,12 +233,13 @@ DeviceBuffer::~DeviceBuffer() = default;
 void DeviceBuffer::copy_from_host(const void*, std::size_t) { no_cuda(); }
 void DeviceBuffer::copy_to_host(void*, std::size_t) const { no_cuda(); }
 void DeviceBuffer::fill_bytes(unsigned char) { no_cuda(); }
+void DeviceBuffer::fill_bytes_async(unsigned char) { no_cuda(); }
 namespace detail {
-struct EventPair {};
-EventPair* event_pair_create(int) { no_cuda(); }
-void event_pair_destroy(EventPair*) {}
-void event_pair_record_start(EventPair*) { no_cuda(); }
-float event_pair_record_stop_ms(EventPair*) { no_cuda(); }
+struct EventPairs {};
+EventPairs* event_pairs_create(int, int) { no_cuda(); }
+void event_pairs_destroy(EventPairs*) {}
+void event_pairs_record(EventPairs*, int, bool) { no_cuda(); }
+std::vector<double> event_pairs_elapsed_ms(EventPairs*) { no_cuda(); }
 }  // namespace detail
 namespace detail {
 Int32ReadFailure copy_device_int32_to_host(const std::vector<Int32Read>&, int, void*) {

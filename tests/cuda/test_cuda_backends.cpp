@@ -3,15 +3,19 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "support/oracle_check.hpp"
 #include "support/backend_grid.hpp"
 #include "support/device_case.hpp"
 #include "support/concurrent_runs.hpp"
 #include "support/nonfinite_cases.hpp"
+#include "cuda/workspace_pool.hpp"
+#include "flashtile/device.hpp"
 
 namespace flashtile {
 namespace {
@@ -242,6 +246,48 @@ TEST(CudaThreads, EightThreadsOnFourStreamsMatchSerialBitwise) {
   }
   for (cudaStream_t st : streams) cudaStreamDestroy(st);
   EXPECT_GE(tested, 3);  // cuda_naive, cuda_tiled (fp32) and cuda_mma (bf16) at least
+}
+
+// cuda_median_ms queues its calls: while the GPU runs before_each's work (a 4 GiB fill, about
+// a millisecond), the host gets through a call's own host time (a 0.3 ms sleep) and queues
+// its launch, so the call's time is the GPU's alone. Waiting for the device in before_each
+// (the CLI's --isolated) times the sleep as well.
+TEST(CudaTiming, QueuedCallsExcludeTheHostsTimeBeforeTheLaunch) {
+  FLASHTILE_SKIP_WITHOUT_CUDA();
+  DeviceBuffer busy(size_t(4) << 30, 0), small(size_t(16) << 20, 0);
+  auto call = [&] {
+    std::this_thread::sleep_for(std::chrono::microseconds(300));
+    small.fill_bytes_async(0x11);
+  };
+  const double queued = cuda_median_ms(0, 1, 9, call, [&] { busy.fill_bytes_async(0x22); });
+  const double isolated = cuda_median_ms(0, 1, 9, call, [&] {
+    busy.fill_bytes_async(0x22);
+    cuda_synchronize(0);
+  });
+  EXPECT_LT(queued, 0.15) << "queued calls should not time the host's sleep";
+  EXPECT_GT(isolated, 0.28) << "a call from an idle GPU times the host's sleep";
+}
+
+// The workspace pool keeps a large workspace across a synchronisation (the default pool
+// would hand it back to the driver there, and the next backward would map it again).
+TEST(CudaWorkspacePool, KeepsTheLargestWorkspaceAcrossSynchronisations) {
+  FLASHTILE_SKIP_WITHOUT_CUDA();
+  constexpr size_t kBytes = size_t(300) << 20;  // over the pool's 64 MiB floor
+  void* workspace = detail::allocate_workspace(kBytes, 0, cudaStreamLegacy);
+  ASSERT_EQ(cudaFreeAsync(workspace, cudaStreamLegacy), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaMemPool_t pool = detail::workspace_pool(0);
+  uint64_t reserved = 0;
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved), cudaSuccess);
+  EXPECT_GE(reserved, kBytes);
+  // The next call of that size is served from what was kept.
+  workspace = detail::allocate_workspace(kBytes, 0, cudaStreamLegacy);
+  uint64_t reserved_again = 0;
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved_again),
+            cudaSuccess);
+  EXPECT_EQ(reserved_again, reserved);
+  ASSERT_EQ(cudaFreeAsync(workspace, cudaStreamLegacy), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 }  // namespace

@@ -209,7 +209,9 @@ int run_bench(const BenchOptions& o) {
 
   std::fprintf(stderr, "flashtile bench: %d CPU threads", omp_get_max_threads());
   if (cuda_device_count() > 0)
-    std::fprintf(stderr, ", %s (sm_%d)\n", cuda_device_name(0).c_str(), cuda_compute_capability(0));
+    std::fprintf(stderr, ", %s (sm_%d), GPU calls timed %s\n", cuda_device_name(0).c_str(),
+                 cuda_compute_capability(0),
+                 o.isolated ? "each from an idle GPU" : "queued back to back");
   else
     std::fprintf(stderr, "\n");
 
@@ -217,6 +219,7 @@ int run_bench(const BenchOptions& o) {
   timing.warmup = o.warmup;
   timing.repeats = o.repeats;
   timing.flush_l2 = !o.no_flush;
+  timing.isolated = o.isolated;
 
   std::vector<Row> rows;
   std::vector<std::string> skipped, auto_choices;

@@ -19,6 +19,7 @@ struct BenchOptions {
   bool json = false;
   std::string output;  // also write results here (.json or .csv)
   bool no_flush = false;
+  bool isolated = false;  // --isolated: each timed call starts on an idle GPU
   // --sweep: the field's grid (16k tokens, hidden 2048) instead of the single case.
   bool sweep = false;
   std::vector<int64_t> sweep_seqlens = {512, 1024, 2048, 4096, 8192, 16384};

@@ -132,6 +132,10 @@ int main(int argc, char** argv) {
   bench_cmd->add_flag("--json", bench.json, "Print a JSON list instead of the table");
   bench_cmd->add_option("--output", bench.output, "Also write the results to FILE (.json or .csv)");
   bench_cmd->add_flag("--no-flush", bench.no_flush, "Do not flush the GPU L2 before timed calls");
+  bench_cmd->add_flag("--isolated", bench.isolated,
+                      "GPU: wait for the device before each timed call, so that its time includes "
+                      "the host's path to the launch (default: calls queued back to back, as "
+                      "triton.testing.do_bench times the PyTorch peers)");
   auto* sweep_opt =
       bench_cmd->add_flag("--sweep", bench.sweep,
                           "Run the field's grid: 16k tokens (batch = 16384/seqlen), hidden 2048 "

@@ -176,7 +176,8 @@ double gpu_median_ms(int device, Call&& call, const TimingSettings& settings) {
   } while (std::chrono::duration<double>(Clock::now() - spin_start).count() < kSpinUpSeconds);
   DeviceBuffer flush(settings.flush_l2 ? (size_t(256) << 20) : 1, device);
   return cuda_median_ms(device, settings.warmup, settings.repeats, call, [&] {
-    if (settings.flush_l2) flush.fill_bytes(0x5A);
+    if (settings.flush_l2) flush.fill_bytes_async(0x5A);
+    if (settings.isolated) cuda_synchronize(device);
   });
 }
 

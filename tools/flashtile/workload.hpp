@@ -75,6 +75,9 @@ struct TimingSettings {
   int repeats = 20;
   double cpu_budget_s = 3.0;  // CPU backends stop repeating after this much time
   bool flush_l2 = true;       // GPU: overwrite a 256 MiB buffer before each timed call
+  // GPU: wait for the device before each timed call, so that its time includes the host's
+  // path to the launch; otherwise the calls are queued back to back (cuda_median_ms).
+  bool isolated = false;
 };
 
 // Median milliseconds of `backend` on this workload.

@@ -145,7 +145,8 @@ void run_backward_for_dtype(const BackwardParams& bp, void* workspace, cudaStrea
 void run_mma_backward(const BackwardParams& bp) {
   const DeviceGuard on_device(bp.fwd.device_index);
   auto stream = static_cast<cudaStream_t>(bp.fwd.stream);
-  mma::with_backward_workspace(mma_backward_workspace_bytes(bp), stream, [&](void* workspace) {
+  const int device = bp.fwd.device_index;
+  mma::with_backward_workspace(mma_backward_workspace_bytes(bp), device, stream, [&](void* workspace) {
     switch (mma::backward_head_dim(bp.fwd.head_dim)) {
       case 64: run_backward_for_dtype<64>(bp, workspace, stream); break;
       case 128: run_backward_for_dtype<128>(bp, workspace, stream); break;

@@ -23,6 +23,7 @@
 #include "cuda/common.cuh"
 #include "cuda/mma_fragment.cuh"
 #include "cuda/ptx/mma.cuh"
+#include "cuda/workspace_pool.hpp"
 
 namespace flashtile::detail::mma {
 
@@ -417,13 +418,12 @@ void launch_backward_main(Kernel* kernel, const char* name, const BackwardParams
   check_launch(name);
 }
 
-// Runs fn(workspace) with `bytes` of stream-ordered scratch (the pool reuses the allocation
-// across calls), freed after the passes that read it, and when fn throws.
+// Runs fn(workspace) with `bytes` of stream-ordered scratch from device's workspace pool
+// (which keeps it for the next call, synchronised or not), freed after the passes that read
+// it, and when fn throws.
 template <class Fn>
-void with_backward_workspace(int64_t bytes, cudaStream_t stream, Fn&& fn) {
-  void* workspace = nullptr;
-  if (bytes > 0)
-    check_cuda(cudaMallocAsync(&workspace, size_t(bytes), stream), "cudaMallocAsync(workspace)");
+void with_backward_workspace(int64_t bytes, int device, cudaStream_t stream, Fn&& fn) {
+  void* workspace = bytes > 0 ? allocate_workspace(size_t(bytes), device, stream) : nullptr;
   try {
     fn(workspace);
   } catch (...) {

@@ -55,7 +55,8 @@ void run_backward(const BackwardParams& bp, void* stream_handle) {
   const DeviceGuard on_device(bp.fwd.device_index);
   auto stream = static_cast<cudaStream_t>(stream_handle);
   const bool pinned_cp_async = backward_pinned_to_cp_async();
-  mma::with_backward_workspace(backward_workspace_bytes(bp), stream, [&](void* workspace) {
+  const int device = bp.fwd.device_index;
+  mma::with_backward_workspace(backward_workspace_bytes(bp), device, stream, [&](void* workspace) {
     switch (bp.fwd.head_dim) {
       case 64: run_for_dtype<64>(bp, workspace, pinned_cp_async, stream); break;
       case 128: run_for_dtype<128>(bp, workspace, pinned_cp_async, stream); break;
