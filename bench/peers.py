@@ -140,6 +140,8 @@ def run_flashtile(args, on_row=lambda rows: None):
                         "--sweep-causal", ",".join("1" if c else "0" for c in causals)]
             if args.cli_repeats:  # fewer timed calls where a device call is short of time
                 cmd += ["--repeats", str(args.cli_repeats), "--warmup", str(args.cli_warmup)]
+            if args.cli_isolated:
+                cmd += ["--isolated"]
             print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
             subprocess.run(cmd, check=True)
             with open(out) as f:
@@ -213,6 +215,10 @@ def main():
                    help="timed calls per point for the CLI (default: the CLI's own, 20)")
     p.add_argument("--cli-warmup", type=int, default=1,
                    help="untimed calls per point for the CLI, with --cli-repeats")
+    p.add_argument("--cli-isolated", action="store_true",
+                   help="time flashtile's calls each from an idle GPU (bench --isolated), as "
+                        "the CLI did before the seventeenth session; by default they are queued "
+                        "back to back, as do_bench times the peers")
     p.add_argument("--batch-heads", type=ints, default=None,
                    help="B,H: every point at batch B and H query heads instead of the field's "
                         "16k tokens and hidden 2048 (e.g. 1,1: one head, too few tiles to fill "

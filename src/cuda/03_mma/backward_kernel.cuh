@@ -3,7 +3,8 @@
 //
 // Three passes, one stream:
 //  1. backward_rowsum_kernel: D_i = rowsum(dO_i ∘ O_i) in fp32 (laid out as the LSE), and
-//     the sinks' per-block partials −Σ_i exp(σ_h − lse_i)·D_i.
+//     the sinks' per-block partials −Σ_i exp(σ_h − lse_i)·D_i; it zeroes the fp32 dQ
+//     accumulator beside them.
 //  2. mma_backward_kernel: one CTA per (key block of kBlockN keys, kv head, batch entry).
 //     K_j and V_j stay in shared memory; each warp owns kWarpKeys (16 or 32) keys and
 //     accumulates their dK and dV rows (all of the head dim, or half) in fp32 registers. The

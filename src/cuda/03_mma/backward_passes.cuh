@@ -71,6 +71,7 @@ inline BackwardWorkspace backward_workspace(const BackwardParams& bp, int head_d
 struct BackwardScratch {
   float* d = nullptr;
   float* dq = nullptr;
+  int64_t dq_floats = 0;
   ViewStrides dq_strides;
   float* sink_partials = nullptr;
   int sink_blocks = 0;
@@ -88,38 +89,102 @@ __device__ __forceinline__ float to_float(T x) {
     return __half2float(x);
 }
 
-// Grid (row blocks of kRowsumBlockRows, heads_q, batch), 256 threads: one warp per row at a
-// time, lanes across the head dim (coalesced for any stride, elements of any alignment).
+// Whether O's and dO's rows are whole, aligned 16-byte chunks of a count that divides a warp:
+// then the pre-pass reads them with 16-byte loads (rowsum_chunks), else element by element.
+inline int rowsum_chunks(const BackwardParams& bp) {
+  const AttentionParams& p = bp.fwd;
+  const int64_t chunks = p.head_dim / 8;
+  auto aligned = [](const void* ptr, int64_t row, int64_t head, int64_t batch) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && row % 8 == 0 && head % 8 == 0 &&
+           batch % 8 == 0;
+  };
+  if (p.head_dim % 8 != 0 || chunks > 32 || (chunks & (chunks - 1)) != 0) return 0;
+  if (!aligned(p.o, p.o_row_stride, p.o_head_stride, p.o_batch_stride) ||
+      !aligned(bp.dout, bp.dout_strides.row, bp.dout_strides.head, bp.dout_strides.batch))
+    return 0;
+  return static_cast<int>(chunks);
+}
+
+template <class T>
+__device__ __forceinline__ float dot_chunk(const T* a, const T* b) {
+  const uint4 va = *reinterpret_cast<const uint4*>(a), vb = *reinterpret_cast<const uint4*>(b);
+  const T* ea = reinterpret_cast<const T*>(&va);
+  const T* eb = reinterpret_cast<const T*>(&vb);
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sum += to_float(ea[i]) * to_float(eb[i]);
+  return sum;
+}
+
+// Grid (row blocks of kRowsumBlockRows, heads_q, batch), 256 threads. chunks = 0: one warp
+// per row at a time, lanes across the head dim (coalesced for any stride, elements of any
+// alignment); else (rowsum_chunks) a lane reads one 16-byte chunk of a row, a warp 32 / chunks
+// rows at once. Each CTA also zeroes its slice of the dQ accumulator, which the main kernel
+// adds to (one pass over memory instead of a memset beside this one).
 template <class T>
 __global__ void __launch_bounds__(256) backward_rowsum_kernel(const BackwardParams bp,
-                                                              const BackwardScratch ws) {
+                                                              const BackwardScratch ws,
+                                                              int chunks) {
   const AttentionParams& p = bp.fwd;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t h = blockIdx.y, b = blockIdx.z;
+  {
+    const int64_t cta = (b * gridDim.y + h) * gridDim.x + blockIdx.x;
+    const int64_t ctas = int64_t(gridDim.x) * gridDim.y * gridDim.z;
+    const int64_t per = (ws.dq_floats / 4 + ctas - 1) / ctas * 4;  // whole float4s a CTA
+    const int64_t begin = cta * per, end = min(begin + per, ws.dq_floats);
+    for (int64_t i = begin + 4 * threadIdx.x; i < end; i += 4 * 256) {
+      if (i + 4 <= end)
+        *reinterpret_cast<float4*>(ws.dq + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      else
+        for (int64_t j = i; j < end; ++j) ws.dq[j] = 0.0f;
+    }
+  }
   const SeqlenInfo<int> seq(p, b);
   const int row0 = blockIdx.x * kRowsumBlockRows;
   const float sink = sink_logit<float>(p, h);
-  float sink_sum = 0.0f;  // lane 0 of each warp: its rows' −exp(σ − lse)·D, in row order
-  for (int r = warp; r < kRowsumBlockRows; r += 8) {
-    const int row = row0 + r;
-    if (row >= seq.seqlen_q) break;
-    const T* dout = static_cast<const T*>(bp.dout) + seq.row_offset_q(bp.dout_strides, b, row, h);
-    const T* out = static_cast<const T*>(p.o) + seq.o_offset(p, b, row, h);
-    float sum = 0.0f;
-    for (int c = lane; c < p.head_dim; c += 32) sum += to_float(dout[c]) * to_float(out[c]);
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  // Lanes that own a row: their rows' −exp(σ − lse)·D, in row order.
+  float sink_sum = 0.0f;
+  auto finish_row = [&](int row, float sum) {
     const int64_t at = seq.lse_index(p, b, h, row);
-    if (lane == 0) {
-      // A gradient g into the LSE adds g·P to dS: D' = D − g serves for D, here and in
-      // the sinks' partials (docs/BACKWARD.md).
-      if (bp.dlse != nullptr) sum -= bp.dlse[at];
-      ws.d[at] = sum;
-      const float lse = p.lse[at];
-      if (p.sinks != nullptr && lse != -INFINITY) sink_sum -= expf(sink - lse) * sum;
+    // A gradient g into the LSE adds g·P to dS: D' = D − g serves for D, here and in the
+    // sinks' partials (docs/BACKWARD.md).
+    if (bp.dlse != nullptr) sum -= bp.dlse[at];
+    ws.d[at] = sum;
+    const float lse = p.lse[at];
+    if (p.sinks != nullptr && lse != -INFINITY) sink_sum -= expf(sink - lse) * sum;
+  };
+  const T* const dout_base = static_cast<const T*>(bp.dout);
+  const T* const out_base = static_cast<const T*>(p.o);
+  if (chunks == 0) {
+    for (int r = warp; r < kRowsumBlockRows; r += 8) {
+      const int row = row0 + r;
+      if (row >= seq.seqlen_q) break;
+      const T* dout = dout_base + seq.row_offset_q(bp.dout_strides, b, row, h);
+      const T* out = out_base + seq.o_offset(p, b, row, h);
+      float sum = 0.0f;
+      for (int c = lane; c < p.head_dim; c += 32) sum += to_float(dout[c]) * to_float(out[c]);
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      if (lane == 0) finish_row(row, sum);
+    }
+  } else {
+    const int rows_at_once = 32 / chunks, chunk = lane % chunks;
+    for (int r = warp * rows_at_once; r < kRowsumBlockRows; r += 8 * rows_at_once) {
+      const int row = row0 + r + lane / chunks;
+      const bool valid = row < seq.seqlen_q;
+      float sum = 0.0f;
+      if (valid)
+        sum = dot_chunk(dout_base + seq.row_offset_q(bp.dout_strides, b, row, h) + 8 * chunk,
+                        out_base + seq.o_offset(p, b, row, h) + 8 * chunk);
+      for (int off = chunks / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      if (valid && chunk == 0) finish_row(row, sum);
     }
   }
   if (p.sinks == nullptr) return;
+  // The row owners' partials to lane 0 (a fixed tree: deterministic), then the warps' in order.
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) sink_sum += __shfl_xor_sync(0xffffffffu, sink_sum, off);
   __shared__ float warp_sums[8];
   if (lane == 0) warp_sums[warp] = sink_sum;
   __syncthreads();
@@ -358,13 +423,13 @@ void run_backward_passes(const BackwardParams& bp, void* workspace, cudaStream_t
   BackwardScratch ws;
   ws.d = reinterpret_cast<float*>(base + layout.d_offset);
   ws.dq = reinterpret_cast<float*>(base + layout.dq_offset);
+  ws.dq_floats = layout.dq_floats;
   ws.dq_strides = layout.dq_strides;
   ws.sink_partials = reinterpret_cast<float*>(base + layout.sink_offset);
   ws.sink_blocks = static_cast<int>(layout.sink_blocks);
   ws.counters = reinterpret_cast<int*>(base + layout.counter_offset);
   ws.query_blocks = static_cast<int>(layout.query_blocks);
 
-  check_cuda(cudaMemsetAsync(ws.dq, 0, size_t(layout.dq_floats) * 4, stream), "cudaMemsetAsync(dq)");
   if (layout.counter_count > 0)
     check_cuda(cudaMemsetAsync(ws.counters, 0, size_t(layout.counter_count) * 4, stream),
                "cudaMemsetAsync(counters)");
@@ -379,9 +444,12 @@ void run_backward_passes(const BackwardParams& bp, void* workspace, cudaStream_t
   }
   const unsigned heads = static_cast<unsigned>(p.heads_q), batch = static_cast<unsigned>(p.batch);
   const dim3 rowsum_grid(static_cast<unsigned>(layout.sink_blocks), heads, batch);
-  if (p.seqlen_q > 0) {
-    backward_rowsum_kernel<T><<<rowsum_grid, 256, 0, stream>>>(bp, ws);
+  if (p.seqlen_q > 0) {  // zeroes dQ's accumulator too (it has no rows otherwise)
+    backward_rowsum_kernel<T><<<rowsum_grid, 256, 0, stream>>>(bp, ws, rowsum_chunks(bp));
     check_launch("backward_rowsum_kernel");
+  } else if (layout.dq_floats > 0) {
+    check_cuda(cudaMemsetAsync(ws.dq, 0, size_t(layout.dq_floats) * 4, stream),
+               "cudaMemsetAsync(dq)");
   }
   if (p.seqlen_k > 0) run_main(static_cast<const BackwardScratch&>(ws));
   if (p.seqlen_q > 0) {
