@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# NOT RUN YET (seventeenth session: no device). The next session's second call, issue 9:
+# the forward's cuda_sm90 figures under the CLI's new queued timing and the old --isolated
+# one, then the peers (do_bench) beside the queued CLI (~4 min). Binaries as call1.sh says.
+set -u
+L=$OUT/s17c2; mkdir -p $L
+export LD_LIBRARY_PATH=$PWD/.device/deps/lib/x86_64-linux-gnu
+t0=$SECONDS
+note() { echo "[$((SECONDS-t0)) s] $*" | tee -a $L/steps.txt; }
+pack() { tar czf $OUT/s17c2.tgz -C $OUT s17c2; }
+for tag in s17; do
+  mkdir -p /tmp/$tag
+  for f in flashtile flashtile_cuda_tests flashtile_cuda_backward_tests; do
+    [ -f .devbin/$tag/$f.xz ] && (xz -dc .devbin/$tag/$f.xz > /tmp/$tag/$f; chmod +x /tmp/$tag/$f) &
+  done
+done; wait
+N=/tmp/s17; O=/tmp/s16
+nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader > $L/gpu.txt 2>&1
+note "start; $(cat $L/gpu.txt)"
+
+FW="--sweep --dtype bf16 --sweep-head-dims 64,128,256 --sweep-seqlens 4096,16384 --sweep-causal 0,1 --repeats 10 --warmup 2 --backends cuda_sm90"
+timeout 60 $N/flashtile bench $FW > $L/fwd_queued.log 2>&1; note "fwd queued rc=$?"
+timeout 60 $N/flashtile bench $FW --isolated > $L/fwd_isolated.log 2>&1; note "fwd isolated rc=$?"
+timeout 120 python3 bench/peers.py --cli $N/flashtile --backends cuda_mma,cuda_sm90 --dtype bf16 \
+  --head-dims 64,128,256 --seqlens 4096,16384 --peers flash,cudnn --write-each-row \
+  --out $L/peers_fwd > $L/peers_fwd.log 2>&1
+note "peers fwd rc=$?"
+pack
