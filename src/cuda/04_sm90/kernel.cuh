@@ -40,6 +40,8 @@
 //
 // Step 4.12: O's rescale skipped when no row of a warp has a new max (d >= 128), and d=256
 // on 80-key tiles (64 before); 176-key tiles at d=128 measured slower and were not kept.
+// Step 4.13 (timeline.cuh): per-item clock stamps of the warp-specialised kernels, compiled
+// in only with -DFLASHTILE_SM90_TIMELINE=ON (timeline_mark is empty otherwise).
 //
 // Measured (H200, bf16, seqlen 16k, TFLOP/s full / causal, one device call; docs/JOURNEY.md
 // "Step 4 — cuda_sm90"): d=64 4.3 410 / 404, 4.7 ping-pong 467 / 426 (another call);
@@ -72,6 +74,7 @@
 #include "cuda/common.cuh"
 #include "cuda/04_sm90/tensor_map.cuh"
 #include "cuda/04_sm90/tile_schedule.hpp"
+#include "cuda/04_sm90/timeline.cuh"
 #include "cuda/mma_fragment.cuh"
 #include "cuda/split_kv_combine.cuh"
 #include "cuda/split_kv_launch.hpp"
@@ -925,6 +928,9 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
   static_assert(kRegisterSplitFits<Cfg>, "the register split fits the multiprocessor's 64K registers");
   extern __shared__ unsigned char smem_raw[];
   const SmemMap<Cfg> smem(smem_raw);
+  // 4.13's stamps (timeline.cuh; nothing unless FLASHTILE_SM90_TIMELINE): consumers only.
+  timeline_mark(kItemStart, linear_cta(), static_cast<int>(threadIdx.x) / kWarpgroupThreads - 1,
+                Cfg::kWarpgroups);
   const bool split_kv = parts.splits > 1;
   const CtaWork work = split_kv ? CtaWork::split_grid(p, Cfg::kBlockM, Cfg::kBlockN, parts.splits)
                                 : CtaWork(p, Cfg::kBlockM, Cfg::kBlockN, heads_per_group);
@@ -948,12 +954,15 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
   using Consumer = ConsumerWarpgroup<T, Cfg, kTransformed>;
   Consumer wg(consumer, p, work);
   ptx::mbarrier_wait(smem.q_full(0), 0);
+  timeline_mark(kQLanded, linear_cta(), consumer, Cfg::kWarpgroups);
   if (Consumer::needs_q_sign_flip(p)) wg.flip_q_sign(smem.base, consumer_barrier_id(consumer));
   consume_item_tiles<kOverlap, kPingPong>(wg, smem, smem.q, work, consumer, /*tile_base=*/0);
+  timeline_mark(kTilesDone, linear_cta(), consumer, Cfg::kWarpgroups, work.n_tiles());
   if (split_kv)  // the split of split_grid, from the grid (not kept across the loop)
     wg.store_partials(p, work, parts, static_cast<int>(blockIdx.x) % parts.splits);
   else
     wg.epilogue(p, work, smem.base, consumer_barrier_id(consumer));
+  timeline_mark(kEpilogueDone, linear_cta(), consumer, Cfg::kWarpgroups);
 }
 
 // Step 4.6 (Pipeline::tma_persistent): the consumers of 4.3 (kOverlap false), 4.4
@@ -1018,12 +1027,16 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     const CtaWork work(p, Cfg::kBlockM, Cfg::kBlockN, schedule.item(index));
     const RingSlot<kQBuffers> q_use{items_done++};
     const int buffer = q_use.slot();
+    const auto item = static_cast<uint32_t>(index);
+    timeline_mark(kItemStart, item, consumer, Cfg::kWarpgroups);
     Consumer wg(consumer, p, work);  // O, m and l start afresh for each item
     ptx::mbarrier_wait(smem.q_full(buffer), q_use.full_parity());
+    timeline_mark(kQLanded, item, consumer, Cfg::kWarpgroups);
     if (Consumer::needs_q_sign_flip(p))
       wg.flip_q_sign(smem.q_buffer_ptr(buffer), consumer_barrier_id(consumer));
     consume_item_tiles<kOverlap, kPingPong>(wg, smem, smem.q_buffer(buffer), work, consumer,
                                             tile_base);
+    timeline_mark(kTilesDone, item, consumer, Cfg::kWarpgroups, work.n_tiles());
     // The epilogue's shared-memory offsets depend on the lane alone, so ptxas hoisted them
     // out of the item loop, and at d=256 the 15 it kept live across the tiles spilled (STL
     // before the loop, LDL in each epilogue). An opaque copy of the lane keeps them here.
@@ -1042,6 +1055,7 @@ __global__ void __launch_bounds__(kWsThreads<Cfg>, 1)
     ptx::fence_proxy_async_shared();
     __syncwarp();
     if (wg.frag.lane == 0) ptx::mbarrier_arrive(smem.q_empty(buffer));
+    timeline_mark(kEpilogueDone, item, consumer, Cfg::kWarpgroups);
     tile_base += work.n_tiles();
   }
 }
@@ -1253,6 +1267,12 @@ void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
   const Sm90Call call = plan_sm90_call<Cfg>(p, pinned);
   const bool transformed = p.softcap != 0.0f || p.alibi_slopes != nullptr;
   constexpr bool grouped = Cfg::kGroupedMaskedGrid;  // step 4.9, per head dim
+#if FLASHTILE_SM90_TIMELINE
+  // A slot per consumer warpgroup (at most 3) of every item (64 rows or more, every split).
+  auto timeline = TimelineSession::arm((p.seqlen_q + 63) / 64 * p.heads_q * p.batch *
+                                           (call.split.splits > 1 ? call.split.splits : 1) * 3,
+                                       stream);
+#endif
   run_split_forward(p, call.split, stream, [&](const SplitPartials& parts) {
     if (call.block_m192) {
       using Wide = typename Cfg::BlockM192;
@@ -1269,6 +1289,22 @@ void launch_sm90_forward(const AttentionParams& p, cudaStream_t stream,
     else
       launch_sm90_kernel<T, Cfg, false>(p, call.maps, call.pipeline, grouped, parts, stream);
   });
+#if FLASHTILE_SM90_TIMELINE
+  auto u32 = [](int64_t x) { return static_cast<uint32_t>(x); };
+  uint32_t block_m = Cfg::kBlockM, block_n = Cfg::kBlockN, warpgroups = Cfg::kWarpgroups;
+  if constexpr (!std::is_void_v<typename Cfg::BlockM192>) {
+    if (call.block_m192) {
+      using Wide = typename Cfg::BlockM192;
+      block_m = Wide::kBlockM, block_n = Wide::kBlockN, warpgroups = Wide::kWarpgroups;
+    }
+  }
+  TimelineHeader header = {{'F', 'T', 'S', 'M', '9', '0', 'T', '1'},
+                           u32(Cfg::kHeadDim), block_m, block_n, warpgroups,
+                           u32(static_cast<int>(call.pipeline)),
+                           0, u32(p.batch), u32(p.heads_q), u32(p.seqlen_q), u32(p.seqlen_k),
+                           u32(p.is_causal() ? 1 : 0), 0};
+  timeline.write(header);
+#endif
 }
 
 }  // namespace flashtile::detail::sm90
