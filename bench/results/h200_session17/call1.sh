@@ -17,20 +17,8 @@
 # Base for the backward's A/B: the same three binaries of main at 1cf3c4e (before 4b.10) in
 # .devbin/s16 (a git worktree built the same way), so that both kernels run in this call.
 set -u
-L=$OUT/s17c1; mkdir -p $L
-export LD_LIBRARY_PATH=$PWD/.device/deps/lib/x86_64-linux-gnu
-t0=$SECONDS
-note() { echo "[$((SECONDS-t0)) s] $*" | tee -a $L/steps.txt; }
-pack() { tar czf $OUT/s17c1.tgz -C $OUT s17c1; }
-for tag in s17 s16; do
-  mkdir -p /tmp/$tag
-  for f in flashtile flashtile_cuda_tests flashtile_cuda_backward_tests; do
-    [ -f .devbin/$tag/$f.xz ] && (xz -dc .devbin/$tag/$f.xz > /tmp/$tag/$f; chmod +x /tmp/$tag/$f) &
-  done
-done; wait
+source bench/results/h200_session17/setup.sh s17c1 s17 s16
 N=/tmp/s17; O=/tmp/s16
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader > $L/gpu.txt 2>&1
-note "start; $(cat $L/gpu.txt)"
 
 timeout 60 $N/flashtile_cuda_tests --gtest_filter='CudaTiming.*:CudaWorkspacePool.*' > $L/new_tests.log 2>&1
 note "new tests rc=$? $(grep -hE '^\[  (PASSED|FAILED) |FAILED  \]' $L/new_tests.log | tr '\n' ' ')"

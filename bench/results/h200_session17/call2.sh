@@ -3,20 +3,8 @@
 # the forward's cuda_sm90 figures under the CLI's new queued timing and the old --isolated
 # one, then the peers (do_bench) beside the queued CLI (~4 min). Binaries as call1.sh says.
 set -u
-L=$OUT/s17c2; mkdir -p $L
-export LD_LIBRARY_PATH=$PWD/.device/deps/lib/x86_64-linux-gnu
-t0=$SECONDS
-note() { echo "[$((SECONDS-t0)) s] $*" | tee -a $L/steps.txt; }
-pack() { tar czf $OUT/s17c2.tgz -C $OUT s17c2; }
-for tag in s17; do
-  mkdir -p /tmp/$tag
-  for f in flashtile flashtile_cuda_tests flashtile_cuda_backward_tests; do
-    [ -f .devbin/$tag/$f.xz ] && (xz -dc .devbin/$tag/$f.xz > /tmp/$tag/$f; chmod +x /tmp/$tag/$f) &
-  done
-done; wait
-N=/tmp/s17; O=/tmp/s16
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader > $L/gpu.txt 2>&1
-note "start; $(cat $L/gpu.txt)"
+source bench/results/h200_session17/setup.sh s17c2 s17
+N=/tmp/s17
 
 FW="--sweep --dtype bf16 --sweep-head-dims 64,128,256 --sweep-seqlens 4096,16384 --sweep-causal 0,1 --repeats 10 --warmup 2 --backends cuda_sm90"
 timeout 60 $N/flashtile bench $FW > $L/fwd_queued.log 2>&1; note "fwd queued rc=$?"

@@ -8,14 +8,8 @@
 #   ninja -C build-tl flashtile_cli; strip -o /tmp/flashtile build-tl/tools/flashtile
 #   mkdir -p .devbin/s17tl; xz -6 -c /tmp/flashtile > .devbin/s17tl/flashtile.xz
 set -u
-L=$OUT/s17c3; mkdir -p $L
-export LD_LIBRARY_PATH=$PWD/.device/deps/lib/x86_64-linux-gnu
-t0=$SECONDS
-note() { echo "[$((SECONDS-t0)) s] $*" | tee -a $L/steps.txt; }
-pack() { tar czf $OUT/s17c3.tgz -C $OUT s17c3; }
-B=/tmp/s17tl; mkdir -p $B; xz -dc .devbin/s17tl/flashtile.xz > $B/flashtile; chmod +x $B/flashtile
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader > $L/gpu.txt 2>&1
-note "start; $(cat $L/gpu.txt)"
+source bench/results/h200_session17/setup.sh s17c3 s17tl
+B=/tmp/s17tl
 # name  pin  flags (the field grid: 16k tokens, hidden 2048)
 run() {
   local name=$1 pin=$2; shift 2
