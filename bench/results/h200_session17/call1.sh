@@ -16,6 +16,7 @@
 #   bash scripts/stage-device-deps.sh   # .device/deps (CLI11/Highway runtime libraries)
 # Base for the backward's A/B: the same three binaries of main at 1cf3c4e (before 4b.10) in
 # .devbin/s16 (a git worktree built the same way), so that both kernels run in this call.
+# carry: [".devbin/s17", ".devbin/s16", ".device"] (62.7 MB of the 64 MiB); run as `bash bench/results/h200_session17/call1.sh`.
 set -u
 source bench/results/h200_session17/setup.sh s17c1 s17 s16
 N=/tmp/s17; O=/tmp/s16

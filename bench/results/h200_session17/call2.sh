@@ -2,6 +2,7 @@
 # NOT RUN YET (seventeenth session: no device). The next session's second call, issue 9:
 # the forward's cuda_sm90 figures under the CLI's new queued timing and the old --isolated
 # one, then the peers (do_bench) beside the queued CLI (~4 min). Binaries as call1.sh says.
+# carry: [".devbin/s17", ".device"]; run as `bash bench/results/h200_session17/call2.sh`.
 set -u
 source bench/results/h200_session17/setup.sh s17c2 s17
 N=/tmp/s17

@@ -7,6 +7,7 @@
 #     -DFLASHTILE_BUILD_BENCHMARKS=OFF -DFLASHTILE_BUILD_TESTS=OFF -DFLASHTILE_SM90_TIMELINE=ON
 #   ninja -C build-tl flashtile_cli; strip -o /tmp/flashtile build-tl/tools/flashtile
 #   mkdir -p .devbin/s17tl; xz -6 -c /tmp/flashtile > .devbin/s17tl/flashtile.xz
+# carry: [".devbin/s17tl", ".device"]; run as `bash bench/results/h200_session17/call3.sh`.
 set -u
 source bench/results/h200_session17/setup.sh s17c3 s17tl
 B=/tmp/s17tl
