@@ -64,6 +64,17 @@ def median_ms(fn, warmup_ms, rep_ms):
         return cuda_event_median_ms(fn)
 
 
+def peer_timing():
+    """How median_ms times the peers, in the words of `flashtile bench`'s timing field: do_bench
+    queues its calls; without triton each call is synchronised (cuda_event_median_ms)."""
+    try:
+        import triton.testing  # noqa: F401
+
+        return "queued"
+    except ImportError:
+        return "isolated"
+
+
 def run_peers(args, on_row=lambda rows: None):
     rows = []
     for dtype in args.dtype:
@@ -105,7 +116,8 @@ def run_peers(args, on_row=lambda rows: None):
                         tf = (PASS_FLOPS[args.pass_] * flops(b, s, h, d, causal)
                               / (ms * 1e-3) / 1e12)
                         rows.append(dict(impl=name, dtype=dtype, head_dim=d, causal=causal,
-                                         seqlen=s, batch=b, heads=h, ms=ms, tflops=tf))
+                                         seqlen=s, batch=b, heads=h, ms=ms, tflops=tf,
+                                         timing=peer_timing()))
                         print(f"{name:10s} {dtype:4s} d={d:<3d} {'causal' if causal else 'full':6s} "
                               f"s={s:<6d} {ms:8.3f} ms {tf:7.1f} TFLOP/s", file=sys.stderr,
                               flush=True)
@@ -153,7 +165,8 @@ def run_flashtile(args, on_row=lambda rows: None):
                                      dtype=JSON_DTYPES.get(r["dtype"], r["dtype"]), head_dim=d,
                                      causal=bool(r["causal"]), seqlen=s, batch=r["batch"],
                                      heads=r["heads"], ms=r["ms"], tflops=r["tflops"],
-                                     max_abs_err=r.get("max_abs_err")))
+                                     max_abs_err=r.get("max_abs_err"),
+                                     timing=r.get("timing", "isolated")))
         on_row(rows)
     return rows
 
@@ -258,7 +271,8 @@ def main():
         # fp32: every implementation's own row (the ratio table has no column for MATH).
         with open(os.path.join(args.out, stem + "_rows.csv"), "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=["impl", "dtype", "head_dim", "causal", "seqlen",
-                                              "batch", "heads", "ms", "tflops", "max_abs_err"])
+                                              "batch", "heads", "ms", "tflops", "max_abs_err",
+                                              "timing"])
             w.writeheader()
             w.writerows(rows)
         print(f"torch.backends.cuda.matmul.allow_tf32 = {torch.backends.cuda.matmul.allow_tf32}, "

@@ -105,6 +105,8 @@ with tempfile.TemporaryDirectory() as tmp:
             expect(row["max_abs_err"] is not None and row["max_abs_err"] <= bound,
                    f"{tag}: max_abs_err {row['max_abs_err']} <= {bound}")
             expect(row["causal"] == causal, f"{tag}: causal recorded")
+            want_timing = "wall" if row["backend"].startswith("cpu") else "queued"
+            expect(row["timing"] == want_timing, f"{tag}: timing {row['timing']} == {want_timing}")
             for key in ("window", "softcap", "sinks"):
                 expect(row[key] == fields.get(key), f"{tag}: {key} = {row[key]}")
             expect(row["alibi"] == fields.get("alibi", False), f"{tag}: alibi = {row['alibi']}")

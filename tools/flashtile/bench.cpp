@@ -28,6 +28,8 @@ struct Row {
   bool error_checked = true;  // bwd: false when the oracle's gradients would be too slow
   int64_t workspace_bytes = 0;
   Pass pass = Pass::fwd;
+  // How ms was taken: "queued" or "isolated" CUDA events (TimingSettings), "wall" on the CPU.
+  const char* timing = "wall";
 };
 
 std::vector<Backend> default_backends() {
@@ -98,6 +100,7 @@ std::string to_json(const std::vector<Row>& rows) {
       << ", \"error_sampled\": " << (r.error_sampled ? "true" : "false")
       << ", \"workspace_bytes\": " << r.workspace_bytes << ", \"flops\": " << json_count(r.flops)
       << ", \"pass\": \"" << pass_name(r.pass) << "\""
+      << ", \"timing\": \"" << r.timing << "\""
       << ", \"window\": "
       << (s.window.bounded() ? json_list({s.window.left, s.window.right}) : "null")
       << ", \"softcap\": " << (s.softcap != 0.0f ? json_number(s.softcap) : "null")
@@ -120,7 +123,7 @@ std::string to_csv(const std::vector<Row>& rows) {
   std::ostringstream c;
   c << "backend,dtype,batch,heads,heads_kv,seqlen_q,seqlen_k,head_dim,causal,ms,tflops,speedup,"
        "max_abs_err,error_sampled,workspace_bytes,flops,window_left,window_right,softcap,alibi,"
-       "sinks,varlen_sequences,varlen_total_q,varlen_total_k,pass\n";
+       "sinks,varlen_sequences,varlen_total_q,varlen_total_k,pass,timing\n";
   for (const Row& r : rows) {
     const Shape& s = r.shape;
     c << backend_name(r.backend) << ',' << dtype_name(s.dtype) << ',' << s.batch << ','
@@ -135,7 +138,7 @@ std::string to_csv(const std::vector<Row>& rows) {
       << ',' << sinks_text(r) << ',';
     if (s.is_varlen()) c << s.sequences() << ',' << s.total_q() << ',' << s.total_k();
     else c << ",,";
-    c << ',' << pass_name(r.pass) << "\n";
+    c << ',' << pass_name(r.pass) << ',' << r.timing << "\n";
   }
   return c.str();
 }
@@ -256,6 +259,7 @@ int run_bench(const BenchOptions& o) {
       row.flops = flops;
       row.workspace_bytes = plan.workspace_bytes;
       row.pass = pass;
+      if (backend_device(backend) == DeviceType::cuda) row.timing = o.isolated ? "isolated" : "queued";
       run_once(work, backend);  // checked before it is timed
       if (pass == Pass::fwd) {
         const ErrorReport error = measure_error(work);
