@@ -94,13 +94,10 @@ __device__ __forceinline__ float to_float(T x) {
 inline int rowsum_chunks(const BackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   const int64_t chunks = p.head_dim / 8;
-  auto aligned = [](const void* ptr, int64_t row, int64_t head, int64_t batch) {
-    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && row % 8 == 0 && head % 8 == 0 &&
-           batch % 8 == 0;
-  };
   if (p.head_dim % 8 != 0 || chunks > 32 || (chunks & (chunks - 1)) != 0) return 0;
-  if (!aligned(p.o, p.o_row_stride, p.o_head_stride, p.o_batch_stride) ||
-      !aligned(bp.dout, bp.dout_strides.row, bp.dout_strides.head, bp.dout_strides.batch))
+  const ViewStrides& ds = bp.dout_strides;
+  if (access_granule(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride) != 8 ||
+      access_granule(bp.dout, ds.batch, ds.row, ds.head) != 8)
     return 0;
   return static_cast<int>(chunks);
 }
@@ -444,12 +441,9 @@ void run_backward_passes(const BackwardParams& bp, void* workspace, cudaStream_t
   }
   const unsigned heads = static_cast<unsigned>(p.heads_q), batch = static_cast<unsigned>(p.batch);
   const dim3 rowsum_grid(static_cast<unsigned>(layout.sink_blocks), heads, batch);
-  if (p.seqlen_q > 0) {  // zeroes dQ's accumulator too (it has no rows otherwise)
+  if (p.seqlen_q > 0) {  // zeroes dQ's accumulator too (without query rows it has none)
     backward_rowsum_kernel<T><<<rowsum_grid, 256, 0, stream>>>(bp, ws, rowsum_chunks(bp));
     check_launch("backward_rowsum_kernel");
-  } else if (layout.dq_floats > 0) {
-    check_cuda(cudaMemsetAsync(ws.dq, 0, size_t(layout.dq_floats) * 4, stream),
-               "cudaMemsetAsync(dq)");
   }
   if (p.seqlen_k > 0) run_main(static_cast<const BackwardScratch&>(ws));
   if (p.seqlen_q > 0) {
